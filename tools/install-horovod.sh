@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# Build and install Horovod (PyTorch + Gloo frontends) into the Python
+# environment named by $PYTHON.
+#
+# Why this is not a plain `pip install horovod`: the last Horovod release
+# (0.28.1) ships only as an sdist and pins C++14 in its CMake files, while
+# recent torch headers require C++20, so the stock build fails to compile.
+# We patch the sdist, build a wheel once, and cache that wheel outside the
+# repository so later installs (new venvs, CI) take seconds, not minutes.
+set -euo pipefail
+
+HOROVOD_VERSION="${HOROVOD_VERSION:-0.28.1}"
+PYTHON="${PYTHON:-python3}"
+WHEEL_CACHE="${HOROVOD_WHEEL_CACHE:-$HOME/.cache/pytorch-distributed/wheels}"
+
+usage() {
+    cat <<EOF
+Usage: [PYTHON=path/to/python] $(basename "$0") [-h|--help] [--force]
+
+Builds Horovod ${HOROVOD_VERSION} with the PyTorch and Gloo frontends and
+installs it into \$PYTHON's environment (default: python3).
+
+  --force   rebuild and reinstall even if horovod.torch already imports
+            and a cached wheel exists
+
+Environment:
+  PYTHON                 interpreter whose environment receives Horovod
+  HOROVOD_WHEEL_CACHE    wheel cache dir (default: ~/.cache/pytorch-distributed/wheels)
+  HOROVOD_VERSION        Horovod release to build (default: 0.28.1)
+  HOROVOD_WITH_MPI / HOROVOD_WITHOUT_MPI / HOROVOD_GPU_OPERATIONS /
+  CUDA_HOME / HOROVOD_CUDA_HOME
+                         honoured if set; otherwise chosen from what this
+                         machine has (mpicxx, nvidia-smi, /usr/local/cuda)
+EOF
+}
+
+FORCE=0
+for arg in "$@"; do
+    case "$arg" in
+        -h|--help) usage; exit 0 ;;
+        --force) FORCE=1 ;;
+        *) echo "unknown argument: $arg" >&2; usage >&2; exit 2 ;;
+    esac
+done
+
+log() { echo "[install-horovod] $*"; }
+die() { echo "[install-horovod] ERROR: $*" >&2; exit 1; }
+
+command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON=$PYTHON not found"
+
+# A horovod built against another torch fails this import (undefined
+# symbols), so a successful import is a sufficient "already done" check.
+if [[ $FORCE == 0 ]] && "$PYTHON" -c "import horovod.torch" >/dev/null 2>&1; then
+    log "horovod.torch already importable in $PYTHON ($("$PYTHON" -c 'import horovod; print(horovod.__version__)')); nothing to do."
+    exit 0
+fi
+
+"$PYTHON" -c "import torch" 2>/dev/null \
+    || die "torch is not importable in $PYTHON; install torch first (Horovod compiles against it)."
+
+# --- Build configuration ----------------------------------------------------
+# Explicit user choices win; only fill in what was not set.
+export HOROVOD_WITH_PYTORCH=1
+export HOROVOD_WITH_GLOO=1
+export HOROVOD_WITHOUT_TENSORFLOW=1
+export HOROVOD_WITHOUT_MXNET=1
+
+if [[ -z "${HOROVOD_WITH_MPI:-}" && -z "${HOROVOD_WITHOUT_MPI:-}" ]]; then
+    # Horovod's MPI controller needs an MPI compiler wrapper at build time;
+    # without one, asking for MPI just fails the build.
+    if command -v mpicxx >/dev/null 2>&1; then
+        export HOROVOD_WITH_MPI=1
+    else
+        export HOROVOD_WITHOUT_MPI=1
+    fi
+fi
+
+if [[ -z "${HOROVOD_GPU_OPERATIONS:-}" ]]; then
+    # NCCL ops only make sense (and only get exercised) with a real GPU; a
+    # CUDA build of torch on a CPU-only box must not pull in NCCL kernels.
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+        export HOROVOD_GPU_OPERATIONS=NCCL
+    fi
+fi
+
+TORCH_CUDA="$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")')"
+if [[ -n "$TORCH_CUDA" ]]; then
+    # With a CUDA build of torch (even on a CPU-only box), Horovod's CMake
+    # requires the CUDA toolkit. Left alone it takes nvcc from PATH and
+    # derives the toolkit root from nvcc's directory; when nvcc is a wrapper
+    # script (e.g. /usr/local/bin/nvcc exec'ing the real one) that root has
+    # no headers/libcudart and configuration fails. HOROVOD_CUDA_HOME makes
+    # Horovod use <root>/bin/nvcc; CUDA_HOME is what torch's own extension
+    # helpers consult while Horovod queries torch.
+    if [[ -z "${CUDA_HOME:-}" && -d /usr/local/cuda ]]; then
+        export CUDA_HOME=/usr/local/cuda
+    fi
+    if [[ -z "${HOROVOD_CUDA_HOME:-}" && -n "${CUDA_HOME:-}" ]]; then
+        export HOROVOD_CUDA_HOME="$CUDA_HOME"
+    fi
+fi
+
+# Horovod's setup.py defaults to make -j8, which oversubscribes small boxes
+# and underuses big ones.
+export MAKEFLAGS="${MAKEFLAGS:--j$(nproc 2>/dev/null || echo 2)}"
+
+# --- Cache key ----------------------------------------------------------------
+# The extension links against libtorch's C++ ABI and the CPython ABI, so a
+# wheel is only reusable for the exact torch build and Python tag; the
+# optional backends change what is compiled in, so they are part of the key.
+TORCH_VERSION="$("$PYTHON" -c 'import torch; print(torch.__version__)')"
+PY_TAG="$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+VARIANT="gloo"
+[[ "${HOROVOD_WITH_MPI:-0}" == 1 ]] && VARIANT+="-mpi"
+[[ -n "${HOROVOD_GPU_OPERATIONS:-}" ]] && VARIANT+="-$(tr '[:upper:]' '[:lower:]' <<<"$HOROVOD_GPU_OPERATIONS")"
+CACHE_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION/torch-$TORCH_VERSION-$PY_TAG-$VARIANT"
+
+log "python:   $PYTHON ($PY_TAG), torch $TORCH_VERSION"
+log "config:   MPI=$([[ ${HOROVOD_WITH_MPI:-0} == 1 ]] && echo yes || echo no)" \
+    "GPU_OPERATIONS=${HOROVOD_GPU_OPERATIONS:-none}" \
+    "HOROVOD_CUDA_HOME=${HOROVOD_CUDA_HOME:-unset}"
+log "cache:    $CACHE_DIR"
+
+# Build isolation is off (see below), so build deps must be present here.
+# Horovod's runtime deps are also build deps: setup.py imports horovod for
+# its version, which imports horovod.runner (psutil, cloudpickle, yaml).
+"$PYTHON" -m pip install --quiet cloudpickle psutil pyyaml packaging wheel setuptools
+
+find_cached_wheel() {
+    compgen -G "$CACHE_DIR/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || true
+}
+
+BUILD_SECONDS=""
+WHEEL=""
+[[ $FORCE == 0 ]] && WHEEL="$(find_cached_wheel)"
+
+if [[ -n "$WHEEL" ]]; then
+    log "using cached wheel $WHEEL"
+else
+    command -v cmake >/dev/null 2>&1 \
+        || log "warning: cmake not on PATH; Horovod's setup.py will try to pip-install an old one"
+    command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1 \
+        || die "no C++ compiler found (install g++)"
+
+    WORK="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"
+    trap 'rm -rf "$WORK"' EXIT
+
+    log "downloading horovod==$HOROVOD_VERSION sdist"
+    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: \
+        "horovod==$HOROVOD_VERSION" -d "$WORK/dl"
+    SDIST="$(compgen -G "$WORK/dl/horovod-$HOROVOD_VERSION.tar.gz" || true)"
+    [[ -n "$SDIST" ]] || die "sdist not found after download: $(ls "$WORK/dl")"
+    tar -xzf "$SDIST" -C "$WORK"
+    SRC="$WORK/horovod-$HOROVOD_VERSION"
+
+    # torch >= 2.x headers use C++20 features; Horovod still pins C++14 for
+    # its core and torch extension. Fail if the line moved, so a version bump
+    # gets a human look instead of a silently unpatched build.
+    for f in CMakeLists.txt horovod/torch/CMakeLists.txt; do
+        grep -Eq 'set\(CMAKE_CXX_STANDARD 14\)' "$SRC/$f" \
+            || die "expected 'set(CMAKE_CXX_STANDARD 14)' in $f of horovod $HOROVOD_VERSION; patch needs updating"
+        sed -Ei 's/set\(CMAKE_CXX_STANDARD 14\)/set(CMAKE_CXX_STANDARD 20)/' "$SRC/$f"
+        grep -Eq 'set\(CMAKE_CXX_STANDARD 20\)' "$SRC/$f" || die "patching $f failed"
+    done
+    log "patched CMAKE_CXX_STANDARD 14 -> 20"
+
+    log "building wheel (several minutes; MAKEFLAGS=$MAKEFLAGS)"
+    start=$SECONDS
+    # --no-build-isolation: the build must compile against the torch that
+    # is installed here, not a fresh one pip would fetch into an isolated env.
+    "$PYTHON" -m pip wheel --no-cache-dir --no-deps --no-build-isolation -w "$WORK/wheel" "$SRC"
+    BUILD_SECONDS=$((SECONDS - start))
+
+    built="$(compgen -G "$WORK/wheel/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || true)"
+    [[ -n "$built" ]] || die "pip wheel produced no horovod wheel"
+    mkdir -p "$CACHE_DIR"
+    # Copy then rename so a concurrent or interrupted run never sees half a wheel.
+    cp "$built" "$CACHE_DIR/.tmp.$(basename "$built")"
+    mv -f "$CACHE_DIR/.tmp.$(basename "$built")" "$CACHE_DIR/$(basename "$built")"
+    WHEEL="$CACHE_DIR/$(basename "$built")"
+    log "cached $WHEEL"
+fi
+
+# --force-reinstall: a same-version horovod built against an older torch
+# would otherwise count as "already satisfied". --no-deps: its deps were
+# installed above, and letting pip resolve 'torch' could swap the torch build.
+"$PYTHON" -m pip install --force-reinstall --no-deps "$WHEEL"
+
+# --- Verify -----------------------------------------------------------------
+"$PYTHON" - <<'EOF'
+import horovod
+import horovod.torch as hvd
+hvd.init()
+assert hvd.gloo_built(), "horovod was built without Gloo"
+print(f"[install-horovod] horovod {horovod.__version__} OK:"
+      f" size={hvd.size()} rank={hvd.rank()} gloo={hvd.gloo_built()}"
+      f" mpi={hvd.mpi_built()} nccl={hvd.nccl_built()}")
+hvd.shutdown()
+EOF
+
+SCRIPTS_DIR="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+[[ -x "$SCRIPTS_DIR/horovodrun" ]] || die "horovodrun not found in $SCRIPTS_DIR"
+log "horovodrun: $SCRIPTS_DIR/horovodrun"
+case ":$PATH:" in
+    *":$SCRIPTS_DIR:"*) ;;
+    # horovodrun runs the worker command verbatim, so a bare 'python' in it
+    # resolves through PATH and may pick an interpreter without horovod.
+    *) log "note: $SCRIPTS_DIR is not on PATH; call $SCRIPTS_DIR/horovodrun and give it $PYTHON (not bare 'python'), or prepend that dir to PATH." ;;
+esac
+
+if [[ -n "$BUILD_SECONDS" ]]; then
+    log "build time: ${BUILD_SECONDS}s"
+else
+    log "build time: 0s (cached wheel)"
+fi

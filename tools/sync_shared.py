@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Keep the shared blocks of the six training scripts equal to distributed.py's.
+
+    python tools/sync_shared.py          # copy distributed.py's shared blocks into the others
+    python tools/sync_shared.py --check  # exit 1, naming script and block, if a copy drifted
+
+A shared block runs from a line "# ---- shared: NAME (...) ----" to "# ---- end shared: NAME ----".
+Each script is self-contained on purpose (users copy one file), so the loop is copied
+rather than imported; distributed.py is its one source of truth. Edit the loop there,
+then run this.
+"""
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCE = "distributed.py"
+COPIES = ["dataparallel.py", "multiprocessing_distributed.py", "apex_distributed.py",
+          "horovod_distributed.py", "distributed_slurm_main.py"]
+BLOCK = re.compile(r"^# ---- shared: (?P<name>[\w-]+) .*?^# ---- end shared: (?P=name) ----$", re.M | re.S)
+
+
+def blocks(text):
+    return {m.group("name"): m for m in BLOCK.finditer(text)}
+
+
+def read(name):
+    with open(os.path.join(ROOT, name)) as f:
+        return f.read()
+
+
+def drift(source_blocks, copy_text):
+    """Names of the source's blocks that the copy lacks or has changed."""
+    theirs = blocks(copy_text)
+    return [n for n, m in source_blocks.items() if n not in theirs or theirs[n].group(0) != m.group(0)]
+
+
+def main(argv):
+    check = "--check" in argv
+    source = blocks(read(SOURCE))
+    if not source:
+        print(f"{SOURCE} has no shared blocks", file=sys.stderr)
+        return 1
+    bad = []
+    for name in COPIES:
+        text = read(name)
+        drifted = drift(source, text)
+        if not drifted:
+            continue
+        if check:
+            bad += [f"{name}: shared block '{b}' differs from {SOURCE} (run python tools/sync_shared.py)"
+                    for b in drifted]
+            continue
+        missing = [b for b in drifted if b not in blocks(text)]
+        if missing:
+            bad.append(f"{name}: has no shared block {missing}: add its markers first")
+            continue
+        for b in drifted:
+            text = text.replace(blocks(text)[b].group(0), source[b].group(0))
+        with open(os.path.join(ROOT, name), "w") as f:
+            f.write(text)
+        print(f"updated {name}: {', '.join(drifted)}")
+    for line in bad:
+        print(line, file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
