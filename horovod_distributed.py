@@ -5,7 +5,7 @@
     horovodrun -np 16 -H node0:8,node1:8 python horovod_distributed.py ...
 
 Horovod's DistributedOptimizer averages gradients with ring-allreduce during backward();
-rank 0's weights and optimizer state are broadcast at the start. Install Horovod with
+rank 0's weights (and a resumed optimizer state) are broadcast at the start. Install Horovod with
 tools/install-horovod.sh (see README: the release on PyPI needs a patch for torch 2.14).
 Everything below "shared" markers is the same, line for line, in all six scripts of this
 project: `diff distributed.py horovod_distributed.py` shows what Horovod changes.
@@ -77,7 +77,8 @@ def build_parser():
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm: batch statistics over all processes (CUDA)")
     p.add_argument("--amp", choices=["off", "auto", "bf16", "fp16"], default="off",
                    help="mixed precision with torch.amp; auto: bf16 on CPU, fp16 + GradScaler on CUDA")
-    p.add_argument("--channels-last", action="store_true", help="NHWC memory format (faster with mixed precision)")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
+                   help="NHWC memory format (faster with mixed precision)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per process (default: PyTorch's)")
     p.add_argument("--dist-backend", default=None, help="nccl with CUDA, else gloo")
     p.add_argument("--dist-timeout", type=float, default=1800, help="seconds before a stuck collective fails")
@@ -107,13 +108,20 @@ def init_distributed(args, local_rank, rank, world_size):
 
 
 def distribute(model, optimizer, args, device):
-    # every process starts from rank 0's weights and optimizer state, fresh or resumed
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    # averages the gradients over the processes during backward(), as DDP does
-    return model, hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                           compression=compression)
+    # averages the gradients over the processes during backward(), as DDP does; the wrapper is a
+    # new optimizer on the same param_groups, without the state a resumed run loaded (momentum)
+    state = optimizer.state_dict()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=compression)
+    optimizer.load_state_dict(state)
+    # every process starts from rank 0's weights and, when resumed, optimizer state (every rank
+    # loads the same checkpoint, so all agree on the `if`): Horovod fills a fresh optimizer's
+    # empty state with a step on zero gradients, which weight decay turns into a real update
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    if optimizer.state:
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    return model, optimizer
 
 
 def all_reduce_sum(tensor):
@@ -144,6 +152,9 @@ def run(worker, *worker_args):
         print(f"{SCRIPT}: error: {str(e).strip().splitlines()[-1].split('UserError: ', 1)[-1]}",
               file=sys.stderr, flush=True)
         sys.exit(2)
+    except dist.DistError as e:  # a peer that never came, died, or a port in use: say so and leave
+        print(f"{SCRIPT}: error: {type(e).__name__}: {str(e).strip().splitlines()[0]}", file=sys.stderr, flush=True)
+        sys.exit(1)
 
 
 def free_port():
@@ -204,6 +215,12 @@ def setup_device(args, local_rank):
         return torch.device("cpu")
     torch.cuda.set_device(local_rank % torch.cuda.device_count())
     return torch.device("cuda", torch.cuda.current_device())
+
+
+def epoch_seed(args, rank, epoch):
+    """Seed + rank, so ranks draw different augmentations; re-drawn each epoch, so a run
+    resumed at an epoch boundary replays exactly what the uninterrupted run drew."""
+    return args.seed + rank + 100_003 * epoch
 
 
 def seed_all(seed):
@@ -333,9 +350,12 @@ def resolve_amp(args, device):
 
 def atomic_write(path, write):
     """Write to a temporary file in the same folder, fsync, then rename over `path`: a
-    crash leaves the old file or the new one, never half of one."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    crash leaves the old file or the new one, never half of one. A writer killed mid-write
+    (SIGKILL, out of memory) leaves its temporary file, removed by the next write on its host."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    prefix = f"{os.path.basename(path)}.tmp-{socket.gethostname()}-"  # a shared folder may serve several hosts
+    tmp = os.path.join(folder, f"{prefix}{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -345,11 +365,26 @@ def atomic_write(path, write):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    for name in os.listdir(folder):
+        pid = name[len(prefix):]
+        if name.startswith(prefix) and pid.isdigit() and not pid_alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, name))
+    fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def save_checkpoint(state, is_best, output_dir):
@@ -437,7 +472,7 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         return
     for epoch in range(start_epoch, args.epochs):
         train_sampler.set_epoch(epoch)
-        seed_all(args.seed + rank + 100_003 * epoch)  # a run resumed at this epoch replays its augmentations
+        seed_all(epoch_seed(args, rank, epoch))
         lr = args.lr * 0.1 ** (epoch // args.lr_step)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -479,7 +514,7 @@ def train(loader, model, optimizer, scaler, epoch, ctx):
                             enabled=ctx["amp"] != "off"):
             output = model(images)
             loss = F.cross_entropy(output, target)
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()  # sets the gradients to None (torch >= 2.0): no memset
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()

@@ -76,8 +76,8 @@ if [[ -z "${HOROVOD_WITH_MPI:-}" && -z "${HOROVOD_WITHOUT_MPI:-}" ]]; then
 fi
 
 if [[ -z "${HOROVOD_GPU_OPERATIONS:-}" ]]; then
-    # NCCL ops only make sense (and only get exercised) with a real GPU; a
-    # CUDA build of torch on a CPU-only box must not pull in NCCL kernels.
+    # NCCL ops can only run on a GPU; on a CPU-only box with a CUDA torch
+    # they would just add build time and an NCCL build dependency.
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
         export HOROVOD_GPU_OPERATIONS=NCCL
     fi
