@@ -1,0 +1,129 @@
+"""Data parallelism is exact: every launcher trains the model one process would train.
+
+The averaged gradient of W equal shards is the gradient of the whole batch, so W
+processes with the same global batch, seed and data order must end with the same
+parameters as one process, up to float summation order. These tests start the real
+processes (gloo, CPU) and compare the checkpoints.
+"""
+import os
+
+import pytest
+
+from conftest import PY, TINY, launch_cmd, max_param_diff, metrics, params, run, script
+
+# Float32 parameters after 4 SGD steps differ by the rounding of differently ordered sums:
+# measured here 1e-7 to 4e-7 (a few ulps of values near 1). 1e-5 leaves room for other
+# CPUs' kernels while staying five orders of magnitude below what plain BatchNorm changes (~0.6).
+PARAM_TOL = 1e-5
+EXACT = ["--norm", "group", "--no-augment", "--seed", "3"]  # GroupNorm: per-sample, so shard-independent
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_data, tmp_path_factory):
+    """One process, the whole global batch of 12 each step."""
+    out = str(tmp_path_factory.mktemp("ref"))
+    run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, *EXACT, "--output-dir", out])
+    return out
+
+
+@pytest.mark.parametrize("kind,nproc,name,extra", [
+    ("torchrun", 2, "distributed.py", []),
+    ("torchrun", 3, "distributed.py", []),
+    ("launch", 2, "distributed.py", []),
+    ("spawn", 2, "multiprocessing_distributed.py", ["--threads", "1"]),
+    ("spawn", 3, "multiprocessing_distributed.py", ["--threads", "1"]),
+    # mixed precision off; channels_last off too: its kernels sum in another order even in one process
+    ("torchrun", 2, "apex_distributed.py", ["--amp", "off", "--no-channels-last"]),
+    ("torchrun", 3, "apex_distributed.py", ["--amp", "off", "--no-channels-last"]),
+    ("python", 1, "dataparallel.py", []),
+])
+def test_training_gives_the_single_process_parameters(reference, tiny_data, tmp_path, kind, nproc, name, extra):
+    run(launch_cmd(kind, nproc, name) + ["--data", tiny_data, *TINY, *EXACT, *extra, "--output-dir", str(tmp_path)])
+    assert metrics(str(tmp_path))[-1]["world_size"] == nproc
+    assert max_param_diff(params(reference), params(str(tmp_path))) < PARAM_TOL
+
+
+def test_two_torchrun_nodes_train_one_model(reference, tiny_data, tmp_path):
+    """Two `torchrun --nnodes=2` agents on this machine, c10d rendezvous on 127.0.0.1."""
+    from conftest import BIN, env, free_port
+    import subprocess
+    port = free_port()
+    nodes = []
+    for node in (0, 1):
+        cmd = [os.path.join(BIN, "torchrun"), "--nnodes=2", f"--node-rank={node}", "--nproc_per_node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-nodes",
+               script("distributed.py"), "--data", tiny_data, *TINY, *EXACT,
+               "--output-dir", str(tmp_path / f"node{node}")]
+        nodes.append(subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [n.communicate(timeout=300)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], logs
+    # the rendezvous picks which agent hosts global rank 0: that node writes the checkpoint
+    out = [str(tmp_path / f"node{i}") for i in (0, 1) if os.path.exists(tmp_path / f"node{i}" / "checkpoint.pth.tar")]
+    assert len(out) == 1
+    assert metrics(out[0])[-1]["world_size"] == 2
+    assert max_param_diff(params(reference), params(out[0])) < PARAM_TOL
+    # data preparation ran once per node (each node has its own output folder, so its own cache)
+    assert sum(log.count("listed the images") for log in logs) == 2
+
+
+def test_two_spawn_nodes_train_one_model(reference, tiny_data, tmp_path):
+    """multiprocessing_distributed.py's multi-node form: --world-size nodes, --rank node, --dist-url."""
+    from conftest import env, free_port
+    import subprocess
+    url = f"tcp://127.0.0.1:{free_port()}"
+    nodes = [subprocess.Popen([PY, script("multiprocessing_distributed.py"), "--world-size", "2", "--rank", str(r),
+                               "--dist-url", url, "--nprocs", "1", "--data", tiny_data, *TINY, *EXACT,
+                               "--output-dir", str(tmp_path / f"node{r}")],
+                              env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    logs = [n.communicate(timeout=300)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], logs
+    assert metrics(str(tmp_path / "node0"))[-1]["world_size"] == 2
+    assert max_param_diff(params(reference), params(str(tmp_path / "node0"))) < PARAM_TOL
+
+
+def test_plain_batchnorm_does_differ_so_the_check_is_not_vacuous(tiny_data, tmp_path):
+    """BatchNorm normalises each process's shard with its own statistics: not the one-process model."""
+    args = ["--data", tiny_data, *TINY, "--no-augment", "--seed", "3"]
+    run(launch_cmd("python", 1, "distributed.py") + args + ["--output-dir", str(tmp_path / "one")])
+    run(launch_cmd("torchrun", 2, "distributed.py") + args + ["--output-dir", str(tmp_path / "two")])
+    assert max_param_diff(params(str(tmp_path / "one")), params(str(tmp_path / "two"))) > 1000 * PARAM_TOL
+
+
+@pytest.fixture(scope="module")
+def eval_reference(tiny_data, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("evalref"))
+    run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, "--seed", "5", "--evaluate",
+                                                     "--output-dir", out])
+    return metrics(out)[-1]
+
+
+@pytest.mark.parametrize("kind,nproc,name,extra", [
+    ("torchrun", 2, "distributed.py", []),
+    ("torchrun", 3, "distributed.py", []),
+    ("spawn", 2, "multiprocessing_distributed.py", []),
+    ("spawn", 3, "multiprocessing_distributed.py", []),
+    ("torchrun", 1, "apex_distributed.py", ["--amp", "off"]),
+    ("torchrun", 2, "apex_distributed.py", ["--amp", "off"]),
+    ("torchrun", 3, "apex_distributed.py", ["--amp", "off"]),
+    ("python", 1, "dataparallel.py", []),
+])
+def test_evaluation_counts_each_image_once_for_any_world_size(eval_reference, tiny_data, tmp_path,
+                                                              kind, nproc, name, extra):
+    """101 validation images over 1, 2 or 3 processes: same count, accuracy and loss as one process."""
+    run(launch_cmd(kind, nproc, name) + ["--data", tiny_data, *TINY, "--seed", "5", "--evaluate", *extra,
+                                         "--output-dir", str(tmp_path)])
+    got = metrics(str(tmp_path))[-1]
+    assert got["world_size"] == nproc
+    assert got["val_images"] == eval_reference["val_images"] == 101
+    assert got["val_acc1"] == eval_reference["val_acc1"]
+    assert got["val_acc5"] == eval_reference["val_acc5"]
+    assert got["val_loss"] == pytest.approx(eval_reference["val_loss"], rel=1e-5)
+
+
+def test_same_seed_gives_identical_runs(tiny_data, tmp_path):
+    args = launch_cmd("torchrun", 2, "distributed.py") + ["--data", tiny_data, *TINY, "--seed", "7"]
+    run(args + ["--output-dir", str(tmp_path / "a")])
+    run(args + ["--output-dir", str(tmp_path / "b")])
+    a, b = metrics(str(tmp_path / "a"))[-1], metrics(str(tmp_path / "b"))[-1]
+    assert (a["train_loss"], a["val_loss"], a["val_acc1"]) == (b["train_loss"], b["val_loss"], b["val_acc1"])
+    assert max_param_diff(params(str(tmp_path / "a")), params(str(tmp_path / "b"))) == 0.0
