@@ -271,6 +271,12 @@ wait_usable() {
     while ((SECONDS < deadline)); do
         state=$(node_state)
         state_usable "$state" && return 0
+        # A daemon that died (bad config, port in use) will not recover;
+        # report it now instead of after the full timeout.
+        daemon_running slurmd "$SLURMD_PID" ||
+            die "slurmd exited during startup; read $SLURMD_LOG"
+        daemon_running slurmctld "$CTLD_PID" ||
+            die "slurmctld exited during startup; read $CTLD_LOG"
         case $state in
             down* | drain* | fail*)
                 if ((!resumed)); then
@@ -332,9 +338,11 @@ cmd_down() {
     if command -v scancel >/dev/null && pid_alive "$CTLD_PID" >/dev/null; then
         scancel --full --user=root >/dev/null 2>&1 || true
         # Cancel everyone's jobs, not only root's, so slurmd has no steps left.
-        local ids
-        ids=$(squeue -h -o %i 2>/dev/null || true)
-        [[ -n $ids ]] && scancel $ids >/dev/null 2>&1 || true
+        local ids=()
+        mapfile -t ids < <(squeue -h -o %i 2>/dev/null || true)
+        if ((${#ids[@]} > 0)); then
+            scancel "${ids[@]}" >/dev/null 2>&1 || true
+        fi
         local i
         for ((i = 0; i < 50; i++)); do
             [[ -z $(squeue -h -o %i 2>/dev/null) ]] && break
