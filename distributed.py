@@ -142,6 +142,22 @@ def run(worker, *worker_args):
     except dist.DistError as e:  # a peer that never came, died, or a port in use: say so and leave
         print(f"{SCRIPT}: error: {type(e).__name__}: {str(e).strip().splitlines()[0]}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except RuntimeError as e:  # gloo reports a peer that died as a plain RuntimeError
+        if "/gloo/" not in str(e):
+            raise
+        print(f"{SCRIPT}: error: lost another process (gloo): {gloo_message(str(e))}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def gloo_message(text):
+    """'[/src/gloo/transport/tcp/pair.cc:545] Read error [ip]:port: Connection reset by peer. This is
+    typically...' -> 'Read error [ip]:port: Connection reset by peer.'"""
+    line = text.strip().splitlines()[0]
+    at = line.find("/gloo/")
+    start, end = line.rfind("[", 0, at), line.find("] ", at)
+    if start >= 0 and end >= 0:
+        line = line[:start] + line[end + 2:]
+    return line.split(" This is typically")[0]
 
 
 def free_port():
@@ -408,6 +424,11 @@ def main_worker(local_rank, rank, world_size, args):
         if rank != 0:
             sys.exit(2)  # every rank found the same problem: rank 0 reports it once
         raise
+    if (rank == 0 and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"):
+        print(f"{SCRIPT}: warning: with torchrun --max-restarts, set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for "
+              "torchrun: its shared store keeps the addresses of the processes before a restart, which the "
+              "restarted ones may try to reach (pytorch/pytorch#135712)", file=sys.stderr, flush=True)
     device = init_distributed(args, local_rank, rank, world_size)
     try:
         train_and_evaluate(args, device, local_rank, rank, world_size)

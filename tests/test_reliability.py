@@ -1,0 +1,311 @@
+"""Reliability: exact resume after a crash, no hangs, safe checkpoints, clear errors.
+
+Real processes on CPU (gloo). Crashes are SIGKILLs of one worker process, found through
+/proc as a child of the launcher whose command line holds the script, at a line of the
+training log; times are measured from the kill.
+"""
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from conftest import BIN, PY, ROOT, env, error_lines, free_port, max_param_diff, params, run, script, torchrun
+
+# 48 training images in a global batch of 4: 12 steps per epoch, a log line per step.
+RESUME = ["--image-size", "32", "-j", "0", "-b", "4", "--epochs", "3", "-p", "1", "--lr-step", "1",
+          "--deterministic", "--seed", "5"]
+KILL_AT = "Epoch [1][3/"  # mid-epoch 1, after the checkpoint of epoch 0
+FIGURES = {}  # measured by the tests, printed after them (pytest -s shows them)
+
+
+def teardown_module():
+    if FIGURES:
+        sys.__stdout__.write("\nreliability figures: " + ", ".join(f"{k} {v:g}" for k, v in FIGURES.items()) + "\n")
+
+
+def workers(launcher_pid, name):
+    """{rank: pid} of the launcher's child processes that run `name`."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != launcher_pid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if name.encode() not in f.read():
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            found[int(environ[b"RANK"])] = int(entry)
+        except (OSError, ValueError, KeyError, IndexError):
+            continue  # gone meanwhile, or not a worker
+    return found
+
+
+def run_and_kill(cmd, rank, at=KILL_AT, timeout=240, **env_extra):
+    """Starts `cmd`, reads its log line by line and SIGKILLs worker `rank` at the first line
+    holding `at`. Returns (exit status, [(seconds since the kill, line)], seconds from the kill
+    to the launcher's exit)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                         env=env(**env_extra), start_new_session=True)
+    tag = cmd[cmd.index("--output-dir") + 1]  # unique to this run: finds its processes, even orphaned ones
+    watchdog = threading.Timer(timeout, kill_all, (p, tag))  # a hang fails the test instead of blocking it
+    watchdog.start()
+    t_kill, lines = None, []
+    try:
+        for line in p.stdout:
+            lines.append((time.monotonic(), line))
+            if t_kill is None and at in line:
+                os.kill(workers(p.pid, "distributed.py")[rank], signal.SIGKILL)
+                t_kill = time.monotonic()
+        rc = p.wait()
+        t_exit = time.monotonic()
+    finally:
+        hung = not watchdog.is_alive() and watchdog.finished.is_set()
+        watchdog.cancel()
+        kill_all(p, tag)
+    log = "".join(line for _, line in lines)
+    assert not hung, f"killed a run still going after {timeout} s:\n{log[-3000:]}"
+    assert t_kill is not None, f"never saw {at!r}:\n{log[-3000:]}"
+    return rc, [(t - t_kill, line) for t, line in lines], t_exit - t_kill
+
+
+def kill_all(p, tag):
+    """SIGKILLs the launcher's process group and every process whose command line holds `tag`
+    (torchrun puts each worker in a session of its own)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if tag.encode() in f.read():
+                    os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+
+
+def train_cmd(tiny_data, out, *extra, nproc=2, launcher=()):
+    return torchrun(nproc, *launcher) + [script("distributed.py"), "--data", tiny_data, *RESUME,
+                                         "--output-dir", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    run(train_cmd(tiny_data, out))
+    return params(str(out))
+
+
+@pytest.fixture(scope="module")
+def killed_run(tiny_data, tmp_path_factory):
+    """A 2-process torchrun run whose rank 1 is SIGKILLed in the middle of epoch 1."""
+    out = tmp_path_factory.mktemp("killed")
+    rc, lines, exit_s = run_and_kill(train_cmd(tiny_data, out), rank=1)
+    return dict(out=out, rc=rc, lines=lines, exit_s=exit_s)
+
+
+# ---- 1. exact resume ----
+
+def test_run_killed_mid_epoch_and_resumed_ends_with_identical_parameters(tiny_data, uninterrupted, killed_run):
+    out = killed_run["out"]
+    assert killed_run["rc"] != 0
+    ckpt = torch.load(os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=True)
+    assert ckpt["epoch"] == 1  # the latest checkpoint is the end of epoch 0: the kill came in epoch 1
+    p = run(train_cmd(tiny_data, out, "--resume", os.path.join(out, "checkpoint.pth.tar")))
+    assert "start epoch 1" in p.stdout.splitlines()[0]
+    diff = max_param_diff(params(str(out)), uninterrupted)
+    FIGURES["largest parameter difference after resume"] = diff
+    assert diff == 0.0
+
+
+# ---- 2. automatic restart ----
+
+def test_torchrun_max_restarts_resumes_by_itself_and_matches_uninterrupted_run(tiny_data, uninterrupted,
+                                                                                tmp_path):
+    cmd = train_cmd(tiny_data, tmp_path, "--auto-resume", launcher=["--max-restarts=1"])
+    # torchrun's default store, shared across restarts, keeps the old processes' addresses
+    rc, lines, _ = run_and_kill(cmd, rank=0, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    log = "".join(line for _, line in lines)
+    assert rc == 0, log[-3000:]
+    restarted = [t for t, line in lines if t > 0 and "start epoch 1" in line]
+    assert restarted, log[-3000:]
+    FIGURES["restart s (kill -> 'start epoch 1')"] = round(restarted[0], 1)
+    assert max_param_diff(params(str(tmp_path)), uninterrupted) == 0.0
+
+
+# ---- 3. no hangs ----
+
+def start(cmd, **kw):
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True, **kw)
+
+
+def finish(p, t0, timeout=120):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+    return dict(rc=p.returncode, stdout=out, stderr=err, seconds=time.monotonic() - t0)
+
+
+@pytest.fixture(scope="module")
+def failed_starts(tiny_data, tmp_path_factory):
+    """Launches that cannot form their group, started together (they mostly wait)."""
+    tmp = tmp_path_factory.mktemp("failed_starts")
+    mp = [PY, script("multiprocessing_distributed.py"), "--data", tiny_data, "--image-size", "32", "-j", "0",
+          "--dist-timeout", "10"]
+    holder = socket.socket()  # another program listening on the port rank 0 wants for its store
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    busy = holder.getsockname()[1]
+    t0 = time.monotonic()
+    procs = {
+        # node 0 of two: node 1 never comes
+        "never_joins": start(mp + ["--world-size", "2", "--rank", "0", "--nprocs", "1",
+                                   "--dist-url", f"tcp://127.0.0.1:{free_port()}", "--output-dir", str(tmp / "a")],
+                             env=env()),
+        "port_in_use": start(mp + ["--nprocs", "1", "--dist-url", f"tcp://127.0.0.1:{busy}",
+                                   "--output-dir", str(tmp / "b")], env=env()),
+        # one process started by hand with the environment of a world of two
+        "world_size_mismatch": start([PY, script("distributed.py"), "--data", tiny_data, "--image-size", "32",
+                                      "-j", "0", "--dist-timeout", "10", "--output-dir", str(tmp / "c")],
+                                     env=env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                                             MASTER_PORT=str(free_port()))),
+    }
+    try:
+        return {name: finish(p, t0) for name, p in procs.items()}
+    finally:
+        holder.close()
+
+
+def assert_one_line_error(result, expected):
+    assert result["rc"] != 0
+    assert result["seconds"] < 60, result
+    lines = error_lines(result["stderr"])
+    assert len(lines) == 1 and expected in lines[0], result["stderr"][-3000:]
+    assert "Traceback" not in result["stderr"], result["stderr"][-3000:]
+    assert result["stderr"].strip().count("\n") == 0, result["stderr"][-3000:]
+
+
+def test_rank_that_never_joins_fails_within_dist_timeout_with_one_line(failed_starts):
+    result = failed_starts["never_joins"]
+    FIGURES["never-joins exit s (--dist-timeout 10)"] = round(result["seconds"], 1)
+    assert_one_line_error(result, "1/2 clients joined")
+
+
+def test_torchrun_ends_the_job_soon_after_a_rank_dies(killed_run):
+    assert killed_run["rc"] != 0
+    FIGURES["killed rank -> torchrun exit s"] = round(killed_run["exit_s"], 1)
+    assert killed_run["exit_s"] < 60
+    after = "".join(line for t, line in killed_run["lines"] if t > 0)
+    assert "Epoch [2]" not in after, after[-3000:]
+    assert "[rank" not in after, after[-3000:]  # no traceback from the rank that lost its peer
+    assert len(error_lines(after)) <= 1, after[-3000:]  # it says so in one line, or torchrun stopped it first
+
+
+def test_ten_back_to_back_launches_on_one_port_all_succeed(tiny_data, tmp_path):
+    port = free_port()
+    for i in range(10):
+        run([os.path.join(BIN, "torchrun"), "--nnodes=1", "--nproc_per_node=2", f"--master-port={port}",
+             script("distributed.py"), "--data", tiny_data, "--image-size", "32", "-j", "0", "-b", "12",
+             "--evaluate", "--output-dir", str(tmp_path)], timeout=120)
+    with open(tmp_path / "metrics.jsonl") as f:
+        assert len(f.readlines()) == 10
+
+
+# ---- 4. safe checkpoints ----
+
+WRITER = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import distributed
+torch.set_num_threads(1)
+out = sys.argv[2]
+for line in sys.stdin:  # one writer child per line, killed by the test
+    pid = os.fork()
+    if pid == 0:
+        i = int(line)
+        while True:
+            state = {"i": i, "x": torch.full((4_000_000,), float(i))}  # 16 MB
+            distributed.save_checkpoint(state, True, out)
+            os.write(1, f"saved {i}\n".encode())
+            i += 1
+    print(f"child {pid}", flush=True)
+    os.waitpid(pid, 0)  # reaped: the killed writer's pid is free again
+    print("reaped", flush=True)
+"""
+
+
+def test_checkpoint_killed_while_being_written_leaves_the_previous_one_loadable(tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.Popen([PY, "-c", WRITER, ROOT, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, cwd=ROOT, env=env(), start_new_session=True)
+    rng = random.Random(0)
+    next_i, killed_mid_write, last_dead = 0, 0, None
+    try:
+        for kill in range(6):
+            p.stdin.write(f"{next_i}\n")
+            p.stdin.flush()
+            child = int(p.stdout.readline().split()[1])
+            saved = [int(p.stdout.readline().split()[1])]  # wait for one complete save
+            if last_dead is not None:  # that save has cleared the temporary file of the writer killed before
+                assert not [n for n in os.listdir(out) if n.endswith(f"-{last_dead}")], os.listdir(out)
+            time.sleep(rng.uniform(0, 0.4))
+            os.kill(child, signal.SIGKILL)
+            for line in iter(p.stdout.readline, "reaped\n"):
+                saved.append(int(line.split()[1]))
+            names = set(os.listdir(out)) - {"checkpoint.pth.tar", "model_best.pth.tar"}
+            assert all(".tmp-" in n and n.endswith(f"-{child}") for n in names), names
+            killed_mid_write += bool(names)
+            for name in ("checkpoint.pth.tar", "model_best.pth.tar"):
+                ckpt = torch.load(out / name, map_location="cpu", weights_only=True)
+                assert ckpt["i"] in (saved[-1], saved[-1] + 1)  # the last complete save, or one renamed in time
+                assert bool((ckpt["x"] == ckpt["i"]).all())
+            next_i, last_dead = saved[-1] + 1000, child
+    finally:
+        p.kill()
+        p.wait()
+    assert killed_mid_write > 0  # at least one kill landed inside a write
+
+
+def test_checkpoint_that_would_run_code_is_refused_with_one_line(tiny_data, tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return open, (str(marker), "w")  # unpickling it creates the marker
+
+    evil = tmp_path / "evil.pth.tar"
+    torch.save(dict(arch="resnet18", num_classes=7, epoch=1, best_acc1=0.0, model=Payload()), evil)
+    p = run([PY, script("distributed.py"), "--data", tiny_data, "--image-size", "32", "-j", "0", "-b", "12",
+             "--epochs", "1", "--resume", str(evil), "--output-dir", str(tmp_path / "o")], check=False, timeout=120)
+    assert p.returncode != 0
+    lines = error_lines(p.stderr)
+    assert len(lines) == 1 and f"cannot load checkpoint {evil}" in lines[0], p.stderr[-3000:]
+    assert p.stderr.strip().count("\n") == 0, p.stderr[-3000:]
+    assert not marker.exists()
+    torch.load(evil, weights_only=False)  # the payload is live: a trusting load runs it
+    assert marker.exists()
+
+
+# ---- 5. bad input ----
+
+def test_port_in_use_is_one_line_and_no_hang(failed_starts):
+    assert_one_line_error(failed_starts["port_in_use"], "address already in use")
+
+
+def test_world_size_larger_than_the_launched_processes_times_out_with_one_line(failed_starts):
+    assert_one_line_error(failed_starts["world_size_mismatch"], "1/2 clients joined")
