@@ -1,0 +1,276 @@
+#!/usr/bin/env bash
+# start.sh: benchmark every training backend of this project that can run on this machine.
+# Run `bash start.sh -h` for the options. Outputs: results/benchmark.{csv,md,png} and, per
+# backend, results/runs/NAME/{run.log,stats.csv,metrics.jsonl}.
+set -euo pipefail
+
+PROG=${0##*/}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cd "$ROOT"
+
+usage() {
+    cat <<EOF
+Usage: [VAR=value ...] bash $PROG [-h] [-o RESULTS_DIR] [-e EPOCHS] [-b BATCH] [-j WORKERS] [--only a,b,...]
+
+Trains with each backend in turn, each under statistics.sh, and writes
+RESULTS_DIR/benchmark.csv, benchmark.md and benchmark.png (default RESULTS_DIR: results).
+Backends: dataparallel, distributed (torchrun), distributed-launch (python -m
+torch.distributed.launch), multiprocessing (mp.spawn), apex (torchrun, mixed precision
++ channels_last), horovod (horovodrun, when horovod.torch imports), slurm (srun, when
+sinfo shows an idle node). Those that cannot run are listed with the reason.
+
+CPU (default without GPUs): ResNet-18, 224 px, global batch 32, demo JPEGs (data/demo,
+made if absent), EPOCHS=1, WORKERS=1 loader process per training process, PROCS=2
+processes x (nproc / PROCS) threads for the multi-process backends, one process x nproc
+threads for dataparallel. A full run takes about 5 minutes on 2 cores.
+
+GPU nodes: DATA=/path/to/imagenet GPUS=0,1,2,3 bash $PROG
+  one process per GPU (DataParallel: one process driving all of them), nccl; defaults
+  ResNet-18, 224 px, global batch 256 (64 per GPU with 4 GPUs), EPOCHS=1,
+  WORKERS=min(8, nproc / GPUs) per process, statistics from nvidia-smi. Without GPUS,
+  every GPU that nvidia-smi -L lists is used; GPUS=none forces the CPU configuration.
+
+Options and environment (flags win over environment):
+  -o DIR        RESULTS (default: results)
+  -e N          EPOCHS (last epoch is reported)
+  -b N          BATCH, global batch
+  -j N          WORKERS, data loader processes per training process
+  --only LIST   BACKENDS, comma-separated subset of the names above
+  DATA, ARCH (resnet18), IMAGE_SIZE (224), PROCS, GPUS, PRINT_FREQ,
+  PYTHON (default: .venv/bin/python if present, else python3), TORCHRUN
+EOF
+}
+
+die() { echo "$PROG: $*" >&2; exit 2; }
+
+printf -v CMDLINE '%q ' bash "$PROG" "$@"
+CMDLINE=${CMDLINE% }
+RESULTS=${RESULTS:-results}
+BACKENDS=${BACKENDS:-dataparallel,distributed,distributed-launch,multiprocessing,apex,horovod,slurm}
+while (($#)); do
+    case $1 in
+        -h|--help) usage; exit 0 ;;
+        -o) (($# >= 2)) || die "-o needs a value"; RESULTS=$2; shift 2 ;;
+        -e) (($# >= 2)) || die "-e needs a value"; EPOCHS=$2; shift 2 ;;
+        -b) (($# >= 2)) || die "-b needs a value"; BATCH=$2; shift 2 ;;
+        -j) (($# >= 2)) || die "-j needs a value"; WORKERS=$2; shift 2 ;;
+        --only) (($# >= 2)) || die "--only needs a value"; BACKENDS=$2; shift 2 ;;
+        *) die "unknown argument '$1' (see -h)" ;;
+    esac
+done
+
+if [[ -z ${PYTHON:-} ]]; then
+    if [[ -x .venv/bin/python ]]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=$(command -v python3); fi
+fi
+if [[ -z ${TORCHRUN:-} ]]; then
+    if [[ -x $(dirname "$PYTHON")/torchrun ]]; then TORCHRUN=$(dirname "$PYTHON")/torchrun; else TORCHRUN=torchrun; fi
+fi
+CORES=$(nproc)
+
+# ---- configuration: GPU node or CPU ----
+if [[ -z ${GPUS+set} ]] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+fi
+GPUS=${GPUS:-none}
+if [[ $GPUS != none ]]; then
+    MODE=gpu
+    IFS=, read -r -a GPU_LIST <<<"$GPUS"
+    NGPU=${#GPU_LIST[@]}
+    export CUDA_VISIBLE_DEVICES=$GPUS
+    PROCS=$NGPU
+    THREADS=$(((CORES / NGPU) > 0 ? CORES / NGPU : 1))
+    DP_THREADS=0                    # 0: PyTorch's default
+    BATCH=${BATCH:-256}
+    w=$((CORES / NGPU)); ((w > 8)) && w=8; ((w < 1)) && w=1
+    WORKERS=${WORKERS:-$w}
+    PRINT_FREQ=${PRINT_FREQ:-20}
+    DATA=${DATA:-data/demo}
+    SHAPE_DP="1 process x $NGPU GPUs"
+else
+    MODE=cpu
+    export CUDA_VISIBLE_DEVICES=""  # the CPU configuration, even on a machine with GPUs
+    NGPU=0
+    PROCS=${PROCS:-2}
+    THREADS=$(((CORES / PROCS) > 0 ? CORES / PROCS : 1))
+    DP_THREADS=$CORES
+    BATCH=${BATCH:-32}
+    WORKERS=${WORKERS:-1}
+    PRINT_FREQ=${PRINT_FREQ:-5}
+    DATA=${DATA:-data/demo}
+    SHAPE_DP="1 process x $CORES threads"
+fi
+ARCH=${ARCH:-resnet18}
+IMAGE_SIZE=${IMAGE_SIZE:-224}
+EPOCHS=${EPOCHS:-1}
+for v in EPOCHS BATCH WORKERS PROCS IMAGE_SIZE PRINT_FREQ; do
+    [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a number, not '${!v}'"
+done
+
+if [[ $DATA == data/demo && ! -d data/demo ]]; then
+    echo "$PROG: creating the demo data set in data/demo"
+    "$PYTHON" tools/make_demo_data.py --out data/demo
+fi
+[[ -d $DATA ]] || die "data folder $DATA does not exist"
+
+RUNS=$RESULTS/runs
+rm -rf -- "$RUNS"
+mkdir -p "$RUNS"
+MANIFEST=$RUNS/manifest.tsv
+: >"$MANIFEST"
+
+COMMON=(--data "$DATA" -a "$ARCH" -b "$BATCH" --epochs "$EPOCHS" -j "$WORKERS" --image-size "$IMAGE_SIZE"
+        -p "$PRINT_FREQ")
+THREAD_ARGS=()
+[[ $MODE == cpu ]] && THREAD_ARGS=(--threads "$THREADS")
+
+free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+IS_TTY=0
+[[ -t 1 ]] && IS_TTY=1
+CHILD=
+on_signal() {
+    [[ -n $CHILD ]] && kill -TERM "$CHILD" 2>/dev/null || true
+    [[ -n $CHILD ]] && wait "$CHILD" 2>/dev/null || true
+    ((IS_TTY)) && printf '\n'
+    echo "$PROG: interrupted" >&2
+    exit 130
+}
+trap on_signal INT TERM
+
+record() {  # name label status procs threads gpus rc wall command-or-reason
+    local IFS=$'\t'
+    echo "$*" >>"$MANIFEST"
+}
+
+skip() {  # name label reason
+    printf '%-20s not run: %s\n' "$1" "$3"
+    record "$1" "$2" skipped - - - - - "$3"
+}
+
+progress_text() {  # name log start-seconds
+    local name=$1 log=$2 start=$3 line ep step n sps ips el status
+    el=$((SECONDS - start))
+    line=$(grep -a -o 'Epoch \[[0-9]*\]\[[0-9]*/[0-9]*\].*s/step' "$log" 2>/dev/null | tail -n 1 || true)
+    if [[ $line =~ Epoch\ \[([0-9]+)\]\[([0-9]+)/([0-9]+)\].*\ ([0-9.]+)\ s/step ]]; then
+        ep=${BASH_REMATCH[1]}; step=${BASH_REMATCH[2]}; n=${BASH_REMATCH[3]}; sps=${BASH_REMATCH[4]}
+        ips=$(awk -v b="$BATCH" -v s="$sps" 'BEGIN { if (s > 0) printf "%.1f", b / s; else print "?" }')
+        status="epoch $((ep + 1))/$EPOCHS  step $step/$n  $ips img/s"
+        if ((step == n)); then
+            if grep -aq ' \* Acc@1' "$log" && (($(grep -ac ' \* Acc@1' "$log") > ep)); then
+                status="epoch $((ep + 1))/$EPOCHS  done  $ips img/s"
+            else
+                status="epoch $((ep + 1))/$EPOCHS  validating  $ips img/s"
+            fi
+        fi
+    else
+        status="starting"
+    fi
+    printf '%-20s %-48s %3d:%02d' "$name" "$status" $((el / 60)) $((el % 60))
+}
+
+FAILED=0
+run_backend() {  # name label procs threads gpus -- command...
+    local name=$1 label=$2 procs=$3 threads=$4 gpus=$5
+    shift 6
+    local dir=$RUNS/$name start=$SECONDS rc=0 text last=""
+    mkdir -p "$dir"
+    local -a cmd=("$@" --output-dir "$dir")
+    printf '%q ' "${cmd[@]}" >"$dir/command.txt"
+    bash "$ROOT/statistics.sh" -o "$dir/stats.csv" -i 500 -- "${cmd[@]}" >"$dir/run.log" 2>&1 </dev/null &
+    CHILD=$!
+    while kill -0 "$CHILD" 2>/dev/null; do
+        text=$(progress_text "$name" "$dir/run.log" "$start")
+        if ((IS_TTY)); then
+            printf '\r\033[K%s' "$text"
+        elif [[ ${text% *} != "${last% *}" ]]; then
+            echo "$text"
+        fi
+        last=$text
+        sleep 1
+    done
+    wait "$CHILD" || rc=$?
+    CHILD=
+    local wall=$((SECONDS - start))
+    text=$(progress_text "$name" "$dir/run.log" "$start")
+    if ((IS_TTY)); then printf '\r\033[K'; fi
+    if ((rc == 0)); then
+        if ((IS_TTY)) || [[ ${text% *} != "${last% *}" ]]; then echo "$text"; fi
+        record "$name" "$label" ok "$procs" "$threads" "$gpus" "$rc" "$wall" "$(cat "$dir/command.txt")"
+    else
+        echo "$name: FAILED with exit status $rc after ${wall}s; last lines of $dir/run.log:"
+        tail -n 15 "$dir/run.log" | sed 's/^/    /'
+        record "$name" "$label" failed "$procs" "$threads" "$gpus" "$rc" "$wall" "$(cat "$dir/command.txt")"
+        FAILED=1
+    fi
+}
+
+wanted() { [[ ,$BACKENDS, == *",$1,"* ]]; }
+
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+if [[ $MODE == gpu ]]; then
+    CONFIG="$ARCH, ${IMAGE_SIZE}px, global batch $BATCH, $EPOCHS epoch(s), $DATA, GPUs $GPUS (one process each, nccl), -j $WORKERS per process"
+    DP_SHAPE=(1 - "$GPUS"); MP_SHAPE=("$PROCS" - "$GPUS")
+else
+    CONFIG="$ARCH, ${IMAGE_SIZE}px, global batch $BATCH, $EPOCHS epoch(s), $DATA, CPU: $PROCS processes x $THREADS thread(s) (dataparallel: 1 x $DP_THREADS), -j $WORKERS per process, gloo"
+    DP_SHAPE=(1 "$DP_THREADS" -); MP_SHAPE=("$PROCS" "$THREADS" -)
+fi
+echo "$PROG: $CONFIG"
+echo "$PROG: load average before: $LOAD_BEFORE; logs in $RUNS/"
+if awk -v l="${LOAD_BEFORE%% *}" -v c="$CORES" 'BEGIN { exit !(l > c / 2) }'; then
+    echo "$PROG: warning: the machine is busy (load ${LOAD_BEFORE%% *} on $CORES cores): other processes' CPU use" \
+         "will lower and skew images/s; the 'images per core-s' column is less sensitive to it" >&2
+fi
+T0=$SECONDS
+
+DP_ARGS=()
+[[ $MODE == cpu ]] && DP_ARGS=(--threads "$DP_THREADS")
+wanted dataparallel && run_backend dataparallel "python dataparallel.py ($SHAPE_DP)" "${DP_SHAPE[@]}" -- \
+    "$PYTHON" dataparallel.py "${COMMON[@]}" "${DP_ARGS[@]}"
+wanted distributed && run_backend distributed "torchrun distributed.py" "${MP_SHAPE[@]}" -- \
+    "$TORCHRUN" --standalone --nproc_per_node="$PROCS" distributed.py "${COMMON[@]}" "${THREAD_ARGS[@]}"
+# apex right after dataparallel and distributed: the three runs the bars compare go first, back to back
+wanted apex && run_backend apex "torchrun apex_distributed.py (amp auto + channels_last)" "${MP_SHAPE[@]}" -- \
+    "$TORCHRUN" --standalone --nproc_per_node="$PROCS" apex_distributed.py "${COMMON[@]}" "${THREAD_ARGS[@]}"
+wanted distributed-launch && run_backend distributed-launch "python -m torch.distributed.launch distributed.py" \
+    "${MP_SHAPE[@]}" -- "$PYTHON" -m torch.distributed.launch --nproc_per_node="$PROCS" --master_addr=127.0.0.1 \
+    --master_port="$(free_port)" distributed.py "${COMMON[@]}" "${THREAD_ARGS[@]}"
+wanted multiprocessing && run_backend multiprocessing "multiprocessing_distributed.py --nprocs $PROCS (mp.spawn)" \
+    "${MP_SHAPE[@]}" -- "$PYTHON" multiprocessing_distributed.py --nprocs "$PROCS" "${COMMON[@]}" "${THREAD_ARGS[@]}"
+
+if wanted horovod; then
+    HVDRUN=$(dirname "$PYTHON")/horovodrun
+    [[ -x $HVDRUN ]] || HVDRUN=$(command -v horovodrun || true)
+    if ! "$PYTHON" -c 'import horovod.torch' >/dev/null 2>&1; then
+        skip horovod "horovodrun" "horovod: not installed — PYTHON=$PYTHON bash tools/install-horovod.sh"
+    elif [[ -z $HVDRUN ]]; then
+        skip horovod "horovodrun" "horovod: horovod.torch imports but horovodrun is not on PATH"
+    else
+        HVD_ARGS=(-np "$PROCS" -H "localhost:$PROCS")
+        [[ $MODE == cpu ]] && HVD_ARGS+=(--gloo)
+        run_backend horovod "horovodrun ${HVD_ARGS[*]}" "${MP_SHAPE[@]}" -- \
+            "$HVDRUN" "${HVD_ARGS[@]}" "$PYTHON" horovod_distributed.py "${COMMON[@]}" "${THREAD_ARGS[@]}"
+    fi
+fi
+
+if wanted slurm; then
+    if ! command -v sinfo >/dev/null 2>&1 || ! command -v srun >/dev/null 2>&1; then
+        skip slurm "srun" "slurm: no cluster (sinfo/srun not installed) — bash tools/slurm-local.sh up"
+    elif ! SINFO=$(timeout 15 sinfo -h -o '%T %D %n' 2>&1); then
+        skip slurm "srun" "slurm: no cluster (sinfo: ${SINFO//$'\n'/ }) — bash tools/slurm-local.sh up"
+    elif ! grep -q '^idle' <<<"$SINFO"; then
+        skip slurm "srun" "slurm: no idle node (sinfo: ${SINFO//$'\n'/; }) — bash tools/slurm-local.sh up"
+    else
+        SRUN_ARGS=(-N1 -n"$PROCS" --kill-on-bad-exit=1)
+        [[ $MODE == cpu ]] && SRUN_ARGS+=(--cpus-per-task="$THREADS")
+        run_backend slurm "srun ${SRUN_ARGS[*]}" "${MP_SHAPE[@]}" -- \
+            srun "${SRUN_ARGS[@]}" "$PYTHON" distributed_slurm_main.py "${COMMON[@]}" "${THREAD_ARGS[@]}"
+    fi
+fi
+
+WALL=$((SECONDS - T0))
+LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+echo "$PROG: all runs took ${WALL}s; load average after: $LOAD_AFTER"
+"$PYTHON" tools/benchmark_report.py --results "$RESULTS" --wall "$WALL" --config "$CONFIG" \
+    --command "${START_COMMAND:-$CMDLINE}" --title "$( [[ $MODE == gpu ]] && echo "GPU ($GPUS)" || echo "CPU ($CORES cores)")" \
+    --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER"
+exit "$FAILED"

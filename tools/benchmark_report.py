@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""Summarise a start.sh benchmark: results/benchmark.{csv,md,png} from the runs' files.
+
+    python tools/benchmark_report.py --results results --command "bash start.sh" --wall 412
+
+Reads RESULTS/runs/manifest.tsv (one line per backend, written by start.sh: name, label,
+status ok/failed/skipped, processes, threads per process, gpus, exit status, wall seconds,
+command or reason) and for each run RESULTS/runs/NAME/metrics.jsonl (rank 0's per-epoch
+records) and RESULTS/runs/NAME/stats.csv (statistics.sh samples). Only the standard
+library and PIL (which torchvision brings) are needed: no matplotlib.
+"""
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+# (name of the run under test, name of the baseline, minimum ratio, what it checks)
+BARS = {
+    "amp": ("apex", "distributed", 2.0, "mixed precision (bf16 autocast + channels_last) vs fp32 DDP, images/s"),
+    "ddp": ("distributed", "dataparallel", 0.90, "DDP {p} procs x {t} thread(s) vs one process x {c} threads, images/s"),
+}
+DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
+
+COLUMNS = ["backend", "launcher", "status", "processes", "threads_per_process", "gpus", "images_per_s",
+           "epoch_time_s", "val_acc1", "peak_memory_rank0_mb", "peak_rss_tree_mb", "mean_util",
+           "util_kind", "images_per_core_s", "data_wait_pct", "wall_s", "note"]
+
+
+def read_manifest(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) < 9:
+                continue
+            name, label, status, procs, threads, gpus, rc, wall, cmd = parts[:9]
+            rows.append(dict(name=name, label=label, status=status, processes=procs, threads=threads, gpus=gpus,
+                             rc=rc, wall=wall, command=cmd))
+    return rows
+
+
+def read_metrics(path):
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_stats(path, gpus):
+    """(mean utilization %, 'CPU% (1 core = 100)' or 'GPU util %', peak tree RSS MiB or None)."""
+    if not os.path.isfile(path):
+        return None, "", None
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f, skipinitialspace=True))
+    if not rows:
+        return None, "", None
+    if "cpu_percent" in rows[0]:
+        cpu = [float(r["cpu_percent"]) for r in rows if r.get("cpu_percent")]
+        rss = [float(r["rss_mb"]) for r in rows if r.get("rss_mb")]
+        return (statistics.mean(cpu) if cpu else None), "CPU %", (max(rss) if rss else None)
+    util_key = next((k for k in rows[0] if k.strip().startswith("utilization.gpu")), None)
+    mem_key = next((k for k in rows[0] if k.strip().startswith("memory.used")), None)
+    wanted = {g.strip() for g in gpus.split(",")} if gpus and gpus != "-" else None
+    util, mem = [], {}
+    for r in rows:
+        if wanted and r.get("index", "").strip() not in wanted:
+            continue
+        try:
+            util.append(float(r[util_key].split()[0]))
+            mem.setdefault(r["timestamp"], 0.0)
+            mem[r["timestamp"]] += float(r[mem_key].split()[0])
+        except (KeyError, ValueError, IndexError, AttributeError):
+            continue
+    return (statistics.mean(util) if util else None), "GPU util %", (max(mem.values()) if mem else None)
+
+
+def fmt(x, digits=1):
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def machine_info():
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "not importable"
+    gpus = ""
+    try:
+        gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return dict(nproc=os.cpu_count(), cpu=model or platform.processor(), torch=torch_version,
+                python=platform.python_version(), gpus=gpus or "none",
+                date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z"))
+
+
+def summarise(results):
+    rows = []
+    for m in read_manifest(os.path.join(results, "runs", "manifest.tsv")):
+        run_dir = os.path.join(results, "runs", m["name"])
+        metrics = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+        util, util_kind, peak_tree = read_stats(os.path.join(run_dir, "stats.csv"), m["gpus"])
+        last = metrics[-1] if metrics else {}
+        row = dict(backend=m["name"], launcher=m["label"], status=m["status"], processes=m["processes"],
+                   threads_per_process=m["threads"], gpus=m["gpus"], wall_s=m["wall"],
+                   images_per_s=last.get("train_images_per_s"), epoch_time_s=last.get("epoch_time_s"),
+                   val_acc1=last.get("val_acc1"), peak_memory_rank0_mb=max((r.get("peak_memory_mb", 0) for r in metrics),
+                                                                           default=None),
+                   peak_rss_tree_mb=peak_tree, mean_util=util, util_kind=util_kind,
+                   data_wait_pct=max((100 * r.get("data_wait_frac", 0) for r in metrics), default=None),
+                   note="" if m["status"] == "ok" else
+                   (m["command"] if m["status"] == "skipped" else f"exit status {m['rc']}; see runs/{m['name']}/run.log"),
+                   command=m["command"], amp=last.get("amp"))
+        row["images_per_core_s"] = (row["images_per_s"] / (util / 100)
+                                    if util and util_kind == "CPU %" and row["images_per_s"] else None)
+        if m["name"] == "slurm" and util_kind == "CPU %":
+            # srun's tasks are children of slurmstepd, not of srun: the sampled tree is srun alone
+            row["mean_util"], row["peak_rss_tree_mb"], row["images_per_core_s"] = None, None, None
+            row["note"] = "CPU % / tree RSS not sampled: srun's tasks run under slurmd, outside srun's process tree"
+        if m["status"] == "ok" and not metrics:
+            row["status"], row["note"] = "failed", f"no metrics.jsonl; see runs/{m['name']}/run.log"
+        rows.append(row)
+    return rows
+
+
+def check_bars(rows):
+    by = {r["backend"]: r for r in rows if r["status"] == "ok"}
+    checks = []
+    for key, (test, base, minimum, what) in BARS.items():
+        t, b = by.get(test), by.get(base)
+        if t and b and t["images_per_s"] and b["images_per_s"]:
+            ratio = t["images_per_s"] / b["images_per_s"]
+            what = what.format(p=t["processes"], t=t["threads_per_process"], c=b["threads_per_process"])
+            text = f"{t['images_per_s']:.1f} / {b['images_per_s']:.1f} img/s = {ratio:.2f}x"
+            if t.get("images_per_core_s") and b.get("images_per_core_s"):
+                text += f" (per core-s: {t['images_per_core_s'] / b['images_per_core_s']:.2f}x)"
+            checks.append(dict(name=f"{test} / {base}", what=what, value=ratio, bar=f">= {minimum:.2f}x",
+                               ok=ratio >= minimum, text=text))
+        else:
+            checks.append(dict(name=f"{test} / {base}", what=what, value=None, bar=f">= {minimum:.2f}x", ok=None,
+                               text=f"not measured: {test if not t else base} did not run"))
+    waits = [(r["backend"], r["data_wait_pct"]) for r in rows if r["status"] == "ok" and r["data_wait_pct"] is not None]
+    if waits:
+        worst = max(waits, key=lambda w: w[1])
+        checks.append(dict(name="data wait", what="host time waiting for the loader, every run",
+                           value=worst[1], bar=f"<= {DATA_WAIT_MAX:.0f}%", ok=worst[1] <= DATA_WAIT_MAX,
+                           text="worst " + f"{worst[0]} {worst[1]:.1f}%; " +
+                                ", ".join(f"{n} {w:.1f}%" for n, w in waits)))
+    else:
+        checks.append(dict(name="data wait", what="every run", value=None, bar=f"<= {DATA_WAIT_MAX:.0f}%",
+                           ok=None, text="no run finished"))
+    return checks
+
+
+def verdict(ok):
+    return "PASS" if ok else ("FAIL" if ok is not None else "N/A")
+
+
+def write_csv(rows, path):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        for r in rows:
+            w.writerow([fmt(r[c], 2) if isinstance(r[c], float) else ("" if r[c] is None else r[c]) for c in COLUMNS])
+
+
+def write_md(rows, checks, info, args, path):
+    ok_rows = [r for r in rows if r["status"] == "ok"]
+    util_kind = next((r["util_kind"] for r in ok_rows if r["util_kind"]), "CPU %")
+    util_head = "mean CPU % (100 = 1 core)" if util_kind == "CPU %" else "mean GPU util %"
+    lines = [f"# Benchmark: {args.title}", "",
+             f"- command: `{args.command}` (wall time {args.wall:.0f} s)" if args.wall else f"- command: `{args.command}`",
+             f"- configuration: {args.config}" if args.config else "",
+             f"- machine: {info['nproc']} CPU(s) (`nproc`), {info['cpu']}; GPUs: {info['gpus']}",
+             f"- software: torch {info['torch']}, Python {info['python']}",
+             f"- date: {info['date']}",
+             f"- load average before / after: {args.load_before} / {args.load_after}" if args.load_before else "",
+             "", "## Results", "",
+             "| backend | launcher | processes | threads/proc | GPUs | images/s | epoch time (s) | val Acc@1 | "
+             f"peak mem rank 0 (MiB) | peak RSS tree (MiB) | {util_head} | images per core-s | data wait % |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in ok_rows:
+        lines.append(f"| {r['backend']} | {r['launcher']} | {r['processes']} | {r['threads_per_process']} | {r['gpus']} | "
+                     f"{fmt(r['images_per_s'])} | {fmt(r['epoch_time_s'])} | {fmt(r['val_acc1'])} | "
+                     f"{fmt(r['peak_memory_rank0_mb'], 0)} | {fmt(r['peak_rss_tree_mb'], 0)} | {fmt(r['mean_util'], 0)} | "
+                     f"{fmt(r['images_per_core_s'])} | {fmt(r['data_wait_pct'])} |")
+    others = [r for r in rows if r["status"] != "ok"]
+    if others:
+        lines += ["", "Not run or failed:", ""]
+        lines += [f"- **{r['backend']}** ({r['status']}): {r['note']}" for r in others]
+    noted = [r for r in ok_rows if r["note"]]
+    if noted:
+        lines += [""] + [f"- {r['backend']}: {r['note']}" for r in noted]
+    lines += ["", "images/s: training images per second over the last epoch, all processes together, without "
+              "the first 2 (warm-up) steps. epoch time: the whole training epoch, warm-up included. "
+              "peak mem rank 0: rank 0's max RSS (CPU) or max allocated (GPU); peak RSS tree: statistics.sh's "
+              "largest sum of RSS over the run's processes (shared pages counted per process). "
+              f"{util_head}: mean over the whole run (start-up and validation included). "
+              "images per core-s: images/s divided by mean CPU % / 100, a rough contention-independent "
+              "efficiency (CPU time other users take from the run lowers images/s but not this). "
+              "data wait: share of the epoch the training loop waited for the data loader (rank 0).",
+              "", "## Performance bars", "", "| check | what | bar | measured | result |", "|---|---|---|---|---|"]
+    for c in checks:
+        lines.append(f"| {c['name']} | {c['what']} | {c['bar']} | {c['text']} | **{verdict(c['ok'])}** |")
+    lines += ["", "## Commands", ""]
+    lines += [f"- {r['backend']}: `{r['command']}`" for r in rows if r["status"] != "skipped"]
+    with open(path, "w") as f:
+        f.write("\n".join(l for l in lines if l is not None) + "\n")
+
+
+def nice_step(x):
+    """The smallest of 1, 2, 5 x 10^k that is >= x."""
+    base = 10 ** math.floor(math.log10(x))
+    return next(m * base for m in (1, 2, 5, 10) if m * base >= x)
+
+
+def write_png(rows, checks, info, args, path):
+    from PIL import Image, ImageDraw, ImageFont
+
+    def font(size, bold=False):
+        for name in (("DejaVuSans-Bold.ttf" if bold else "DejaVuSans.ttf"),):
+            try:
+                return ImageFont.truetype(name, size)
+            except OSError:
+                pass
+        try:
+            return ImageFont.load_default(size=size)
+        except TypeError:  # Pillow < 10.1
+            return ImageFont.load_default()
+
+    ok_rows = [r for r in rows if r["status"] == "ok" and r["images_per_s"]]
+    others = [r for r in rows if r["status"] != "ok"]
+    W, bar_h, gap = 1400, 34, 14
+    top, label_w, panel_gap = 120, 330, 60
+    panel_w = (W - label_w - 40 - panel_gap) // 2
+    n = max(1, len(ok_rows))
+    chart_h = n * (bar_h + gap)
+    H = top + chart_h + 40 + 26 * (len(checks) + len(others)) + 20
+    img = Image.new("RGB", (W, H), "white")
+    d = ImageDraw.Draw(img)
+    f_title, f_txt, f_small, f_bold = font(26, True), font(18), font(15), font(18, True)
+    d.text((20, 16), f"Benchmark: {args.title}", fill="black", font=f_title)
+    load = f", load average before/after {args.load_before} / {args.load_after}" if args.load_before else ""
+    d.text((20, 52), f"{info['nproc']} CPUs ({info['cpu']}), GPUs: {info['gpus'][:60]}, torch {info['torch']}, "
+                     f"{info['date']}{load}", fill="#444", font=f_small)
+    if args.config:
+        d.text((20, 74), args.config[:190], fill="#444", font=f_small)
+    palette = {"dataparallel": "#8c8c8c", "distributed": "#1f77b4", "distributed-launch": "#6baed6",
+               "multiprocessing": "#2ca02c", "apex": "#ff7f0e", "horovod": "#9467bd", "slurm": "#8c564b"}
+    panels = [("images/s (higher is better)", "images_per_s", "{:.1f}"),
+              ("epoch time, s (lower is better)", "epoch_time_s", "{:.1f}")]
+    for p, (title, key, form) in enumerate(panels):
+        x0 = label_w + p * (panel_w + panel_gap)
+        d.text((x0, top - 28), title, fill="black", font=f_bold)
+        vmax = max((r[key] or 0) for r in ok_rows) if ok_rows else 1
+        step = nice_step((vmax or 1) / 4)
+        vmax = step * math.ceil((vmax or 1) / step)
+        for k in range(0, int(round(vmax / step)) + 1):  # light grid at round values
+            gx = x0 + int(k * step / vmax * (panel_w - 70))
+            d.line([(gx, top), (gx, top + chart_h)], fill="#e6e6e6")
+            d.text((gx - 10, top + chart_h + 4), f"{k * step:g}", fill="#888", font=f_small)
+        for i, r in enumerate(ok_rows):
+            y = top + i * (bar_h + gap)
+            v = r[key] or 0
+            w = int(v / vmax * (panel_w - 70))
+            d.rectangle([x0, y, x0 + max(w, 1), y + bar_h], fill=palette.get(r["backend"], "#17becf"))
+            d.text((x0 + w + 6, y + 7), form.format(v), fill="black", font=f_txt)
+            if p == 0:
+                label = f"{r['backend']}  ({r['processes']}x{r['threads_per_process'] if r['gpus'] in ('', '-') else r['gpus']})"
+                d.text((20, y + 7), label, fill="black", font=f_txt)
+    y = top + chart_h + 36
+    for c in checks:
+        colour = {True: "#1a7f37", False: "#cf222e"}.get(c["ok"], "#666")
+        d.text((20, y), f"{verdict(c['ok'])}", fill=colour, font=f_bold)
+        text = c["text"].split(";")[0] if c["name"] == "data wait" else c["text"]
+        d.text((90, y), f"{c['name']} {c['bar']}: {text}"[:150], fill="black", font=f_txt)
+        y += 26
+    for r in others:
+        d.text((20, y), f"not run: {r['backend']}: {r['note']}"[:160], fill="#666", font=f_small)
+        y += 26
+    img.save(path)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--results", default="results")
+    p.add_argument("--command", default="bash start.sh")
+    p.add_argument("--wall", type=float, default=0.0, help="wall time of the whole start.sh run, seconds")
+    p.add_argument("--title", default="pytorch-distributed backends")
+    p.add_argument("--config", default="", help="one line describing the configuration")
+    p.add_argument("--load-before", default="")
+    p.add_argument("--load-after", default="")
+    args = p.parse_args()
+    rows = summarise(args.results)
+    if not rows:
+        sys.exit(f"{sys.argv[0]}: no runs in {args.results}/runs/manifest.tsv")
+    checks = check_bars(rows)
+    info = machine_info()
+    write_csv(rows, os.path.join(args.results, "benchmark.csv"))
+    write_md(rows, checks, info, args, os.path.join(args.results, "benchmark.md"))
+    write_png(rows, checks, info, args, os.path.join(args.results, "benchmark.png"))
+    print(f"{'backend':<20} {'procs x thr':>11} {'images/s':>9} {'epoch s':>8} {'Acc@1':>6} {'wait %':>7}")
+    for r in rows:
+        if r["status"] == "ok":
+            shape = f"{r['processes']}x{r['threads_per_process'] if r['gpus'] in ('', '-') else r['gpus']}"
+            print(f"{r['backend']:<20} {shape:>11} {fmt(r['images_per_s']):>9} {fmt(r['epoch_time_s']):>8} "
+                  f"{fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7}")
+        else:
+            print(f"{r['backend']:<20} {r['status']}: {r['note']}")
+    for c in checks:
+        print(f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}")
+    print(f"wrote {args.results}/benchmark.csv, benchmark.md, benchmark.png")
+
+
+if __name__ == "__main__":
+    main()
