@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """ImageNet training with DistributedDataParallel on a Slurm cluster, started by srun.
 
-    srun -N2 --ntasks-per-node=4 --gpus-per-task=1 python distributed_slurm_main.py --data ...
-    srun -N2 --ntasks-per-node=1 --gpus-per-node=4 python distributed_slurm_main.py --spawn ...
-    sbatch slurm/train.sbatch
+    srun -K -N2 --ntasks-per-node=4 --gpus-per-task=1 python distributed_slurm_main.py --data ...
+    srun -K -N2 --ntasks-per-node=1 --gpus-per-node=4 python distributed_slurm_main.py --spawn ...
+    sbatch slurm/train.sbatch                      # the same, as a batch job (CPU: slurm/train-cpu.sbatch)
 
-Rank, world size and local rank come from Slurm (SLURM_PROCID, SLURM_NTASKS,
-SLURM_LOCALID). Rendezvous is TCP to the job's first node on a port derived from the
-job id, or a file on a shared filesystem with --dist-file. With --spawn, each node's
-single task starts one process per GPU itself, as the original did.
-Everything below "shared" markers is the same, line for line, in all six scripts of this
-project: `diff distributed.py distributed_slurm_main.py` shows what Slurm changes.
+Rank, world size and local rank come from SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID; tasks
+meet over TCP at the step's first node (port from the job id) or in a --dist-file on a shared
+filesystem; with --spawn each node's one task starts a process per GPU. In every case
+each process trains a replica on its shard of every batch and DDP averages gradients.
+Everything below "shared" markers is the same, line for line, in all six scripts of
+this project: `diff distributed.py <other>.py` shows what another backend changes.
 """
 import argparse
 import contextlib
@@ -75,7 +75,8 @@ def build_parser():
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm: batch statistics over all processes (CUDA)")
     p.add_argument("--amp", choices=["off", "auto", "bf16", "fp16"], default="off",
                    help="mixed precision with torch.amp; auto: bf16 on CPU, fp16 + GradScaler on CUDA")
-    p.add_argument("--channels-last", action="store_true", help="NHWC memory format (faster with mixed precision)")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
+                   help="NHWC memory format (faster with mixed precision)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per process (default: PyTorch's)")
     p.add_argument("--dist-backend", default=None, help="nccl with CUDA, else gloo")
     p.add_argument("--dist-timeout", type=float, default=1800, help="seconds before a stuck collective fails")
@@ -85,11 +86,17 @@ def build_parser():
 
 # ---- backend: DistributedDataParallel, processes started by Slurm's srun ----
 def add_backend_args(p):
-    p.add_argument("--dist-file", default=None, help="rendezvous through this file on a filesystem all nodes share "
-                   "(the job id is appended); default: TCP to the job's first node, port from the job id")
-    p.add_argument("--spawn", action="store_true", help="one task per node that spawns one process per GPU "
-                   "(srun --ntasks-per-node=1); default: one task per GPU")
+    p.add_argument("--dist-file", help="meet in the file DIST_FILE.JOB.STEP on a filesystem all nodes share, not TCP")
+    p.add_argument("--spawn", action="store_true", help="one task per node (not per GPU) spawns a process per GPU")
     p.add_argument("--nprocs", type=int, default=None, help="with --spawn: processes per node (default: GPUs, or 1)")
+
+
+def fail(task, message):
+    """Task 0 reports what every task finds; the others wait, so that srun -K ends the step before they
+    print (and cannot kill task 0 before it has), but still report a problem of their own node."""
+    time.sleep(10 if task else 0)
+    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def main():
@@ -100,31 +107,39 @@ def main():
     if "SLURM_PROCID" not in env or "SLURM_JOB_ID" not in env:
         p.exit(2, f"{SCRIPT}: error: not started by Slurm (no SLURM_PROCID): run it with srun, "
                   f"e.g. srun -N2 --ntasks-per-node=4 --gpus-per-task=1 python {SCRIPT} ...\n")
+    job, step = env["SLURM_JOB_ID"], env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
     task, ntasks = int(env["SLURM_PROCID"]), int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")))
-    local_tasks = int(env.get("SLURM_NTASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "1").split("(")[0]))
-    if args.dist_file:  # one file per job: a file left by a killed job cannot hang the next
-        args.dist_url = f"file://{os.path.abspath(args.dist_file)}.{env['SLURM_JOB_ID']}"
-    else:
-        nodes = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]],
-                               capture_output=True, text=True, check=True).stdout.split()
-        env.setdefault("MASTER_ADDR", nodes[0])
-        env.setdefault("MASTER_PORT", str(20000 + int(env["SLURM_JOB_ID"]) % 20000))
+    local_rank, gpus = int(env.get("SLURM_LOCALID", "0")), torch.cuda.device_count()
+    if step is None and ntasks > 1:  # a batch script's own shell has SLURM_PROCID=0 too, but is one process
+        fail(0, f"started by job {job}'s batch script, not by srun, yet the job has {ntasks} tasks: use srun")
+    if args.spawn and ntasks != int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1"))):
+        fail(task, f"--spawn wants one task per node (srun --ntasks-per-node=1), got {ntasks} tasks")
+    if not args.spawn and gpus > 1 and local_rank >= gpus:  # tasks that see one GPU each (--gpus-per-task=1) pass
+        fail(task, f"task {task} is task {local_rank} on its node, which has {gpus} GPUs: one task per GPU at most")
+    nprocs = (args.nprocs or gpus or 1) if args.spawn else 1
+    try:  # in every task, before any rendezvous, so that bad input cannot leave the other tasks waiting
+        check_args(args, ntasks * nprocs)
+    except UserError as e:
+        fail(task, e)
+    if args.dist_file:  # one file per job step: a file left by a killed step cannot hang a later one
+        args.dist_url = f"file://{os.path.abspath(args.dist_file)}.{job}.{step or 'batch'}"
+    else:  # task 0 runs on the step's first node; MASTER_ADDR and MASTER_PORT set by the user win
+        hosts = env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", ""))
+        first = subprocess.run(["scontrol", "show", "hostnames", hosts], capture_output=True, text=True,
+                               timeout=60).stdout.split()[:1] or fail(task, f"scontrol cannot expand {hosts!r}")
+        env.setdefault("MASTER_ADDR", first[0])
+        env.setdefault("MASTER_PORT", str(15000 + (int(job) * 10 + int(step or 0)) % 15000))
         args.dist_url = "env://"
-    if not args.spawn:
-        if torch.cuda.is_available() and local_tasks > torch.cuda.device_count():
-            p.exit(2, f"{SCRIPT}: error: {local_tasks} tasks on this node but {torch.cuda.device_count()} GPUs\n")
-        run(main_worker, int(env.get("SLURM_LOCALID", "0")), task, ntasks, args)
-    else:
-        if local_tasks != 1:
-            p.exit(2, f"{SCRIPT}: error: --spawn wants one task per node (srun --ntasks-per-node=1), got {local_tasks}\n")
-        nprocs = args.nprocs or torch.cuda.device_count() or 1
-        run(check_args, args, ntasks * nprocs)
-        try:
+    try:
+        if args.spawn:
             mp.spawn(spawned, args=(task, nprocs, ntasks * nprocs, args), nprocs=nprocs)
-        except mp.ProcessExitedException as e:
-            sys.exit(e.exit_code)
-    if args.dist_file and task == 0 and os.path.exists(args.dist_url[len("file://"):]):
-        os.remove(args.dist_url[len("file://"):])
+        else:
+            run(main_worker, local_rank, task, ntasks, args)
+    except mp.ProcessExitedException as e:  # a spawned process failed, and said why
+        sys.exit(e.exit_code if e.exit_code > 0 else 1)
+    finally:  # a clean exit leaves no file; a failed one may
+        if args.dist_file and task == 0 and os.path.exists(args.dist_url[len("file://"):]):
+            os.remove(args.dist_url[len("file://"):])
 
 
 def spawned(local_rank, node, nprocs, world_size, args):
@@ -172,6 +187,25 @@ def run(worker, *worker_args):
         print(f"{SCRIPT}: error: {str(e).strip().splitlines()[-1].split('UserError: ', 1)[-1]}",
               file=sys.stderr, flush=True)
         sys.exit(2)
+    except dist.DistError as e:  # a peer that never came, died, or a port in use: say so and leave
+        print(f"{SCRIPT}: error: {type(e).__name__}: {str(e).strip().splitlines()[0]}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    except RuntimeError as e:  # gloo reports a peer that died as a plain RuntimeError
+        if "/gloo/" not in str(e):
+            raise
+        print(f"{SCRIPT}: error: lost another process (gloo): {gloo_message(str(e))}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def gloo_message(text):
+    """'[/src/gloo/transport/tcp/pair.cc:545] Read error [ip]:port: Connection reset by peer. This is
+    typically...' -> 'Read error [ip]:port: Connection reset by peer.'"""
+    line = text.strip().splitlines()[0]
+    at = line.find("/gloo/")
+    start, end = line.rfind("[", 0, at), line.find("] ", at)
+    if start >= 0 and end >= 0:
+        line = line[:start] + line[end + 2:]
+    return line.split(" This is typically")[0]
 
 
 def free_port():
@@ -232,6 +266,12 @@ def setup_device(args, local_rank):
         return torch.device("cpu")
     torch.cuda.set_device(local_rank % torch.cuda.device_count())
     return torch.device("cuda", torch.cuda.current_device())
+
+
+def epoch_seed(args, rank, epoch):
+    """Seed + rank, so ranks draw different augmentations; re-drawn each epoch, so a run
+    resumed at an epoch boundary replays exactly what the uninterrupted run drew."""
+    return args.seed + rank + 100_003 * epoch
 
 
 def seed_all(seed):
@@ -334,8 +374,11 @@ def build_loaders(train_set, val_set, args, rank, world_size, device):
     # counted exactly once (DistributedSampler would repeat some to even out the shards).
     val_indices = list(range(rank, len(val_set), world_size))
     per_process = args.batch_size // world_size
+    # Loader workers are forked, as torchrun's processes do by default: a process started by
+    # mp.spawn would spawn them too, re-importing torch in each at every epoch.
+    fork = args.workers > 0 and "fork" in torch.multiprocessing.get_all_start_methods()
     common = dict(batch_size=per_process, num_workers=args.workers, pin_memory=device.type == "cuda",
-                  persistent_workers=False)
+                  multiprocessing_context="fork" if fork else None)
     train_loader = torch.utils.data.DataLoader(train_set, sampler=train_sampler, drop_last=True, **common)
     val_loader = torch.utils.data.DataLoader(val_set, sampler=val_indices, **common)
     return train_loader, train_sampler, val_loader
@@ -361,9 +404,12 @@ def resolve_amp(args, device):
 
 def atomic_write(path, write):
     """Write to a temporary file in the same folder, fsync, then rename over `path`: a
-    crash leaves the old file or the new one, never half of one."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    crash leaves the old file or the new one, never half of one. A writer killed mid-write
+    (SIGKILL, out of memory) leaves its temporary file, removed by the next write on its host."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    prefix = f"{os.path.basename(path)}.tmp-{socket.gethostname()}-"  # a shared folder may serve several hosts
+    tmp = os.path.join(folder, f"{prefix}{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -373,11 +419,26 @@ def atomic_write(path, write):
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    for name in os.listdir(folder):
+        pid = name[len(prefix):]
+        if name.startswith(prefix) and pid.isdigit() and not pid_alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(folder, name))
+    fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def save_checkpoint(state, is_best, output_dir):
@@ -414,6 +475,11 @@ def main_worker(local_rank, rank, world_size, args):
         if rank != 0:
             sys.exit(2)  # every rank found the same problem: rank 0 reports it once
         raise
+    if (rank == 0 and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"):
+        print(f"{SCRIPT}: warning: with torchrun --max-restarts, set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for "
+              "torchrun: its shared store keeps the addresses of the processes before a restart, which the "
+              "restarted ones may try to reach (pytorch/pytorch#135712)", file=sys.stderr, flush=True)
     device = init_distributed(args, local_rank, rank, world_size)
     try:
         train_and_evaluate(args, device, local_rank, rank, world_size)
@@ -465,7 +531,7 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         return
     for epoch in range(start_epoch, args.epochs):
         train_sampler.set_epoch(epoch)
-        seed_all(args.seed + rank + 100_003 * epoch)  # a run resumed at this epoch replays its augmentations
+        seed_all(epoch_seed(args, rank, epoch))
         lr = args.lr * 0.1 ** (epoch // args.lr_step)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -507,7 +573,7 @@ def train(loader, model, optimizer, scaler, epoch, ctx):
                             enabled=ctx["amp"] != "off"):
             output = model(images)
             loss = F.cross_entropy(output, target)
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()  # sets the gradients to None (torch >= 2.0): no memset
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()

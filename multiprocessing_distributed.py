@@ -108,10 +108,6 @@ def main():
 
 
 def spawned(local_rank, nprocs, world_size, args):
-    # a spawned process starts its DataLoader workers by spawning too, re-importing torch at
-    # every epoch: fork them, as under torchrun
-    if "fork" in mp.get_all_start_methods():
-        mp.set_start_method("fork", force=True)
     run(main_worker, local_rank, args.rank * nprocs + local_rank, world_size, args)
 
 
@@ -343,8 +339,11 @@ def build_loaders(train_set, val_set, args, rank, world_size, device):
     # counted exactly once (DistributedSampler would repeat some to even out the shards).
     val_indices = list(range(rank, len(val_set), world_size))
     per_process = args.batch_size // world_size
+    # Loader workers are forked, as torchrun's processes do by default: a process started by
+    # mp.spawn would spawn them too, re-importing torch in each at every epoch.
+    fork = args.workers > 0 and "fork" in torch.multiprocessing.get_all_start_methods()
     common = dict(batch_size=per_process, num_workers=args.workers, pin_memory=device.type == "cuda",
-                  persistent_workers=False)
+                  multiprocessing_context="fork" if fork else None)
     train_loader = torch.utils.data.DataLoader(train_set, sampler=train_sampler, drop_last=True, **common)
     val_loader = torch.utils.data.DataLoader(val_set, sampler=val_indices, **common)
     return train_loader, train_sampler, val_loader
