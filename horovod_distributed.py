@@ -437,8 +437,9 @@ def main_worker(local_rank, rank, world_size, args):
     try:
         check_args(args, world_size)
     except UserError:
-        if rank != 0:
-            sys.exit(2)  # every rank found the same problem: rank 0 reports it once
+        if rank != 0:  # every rank found the same problem: rank 0 reports it once, and
+            time.sleep(2)  # a launcher that stops the job at the first exit must not stop it first
+            sys.exit(2)
         raise
     if (rank == 0 and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"):
@@ -501,6 +502,7 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         for group in optimizer.param_groups:
             group["lr"] = lr
         train_stats = train(train_loader, model, optimizer, scaler, epoch, ctx)
+        average_buffers(bare_model, world_size)
         val = validate(val_loader, bare_model, ctx)
         is_best = val["val_acc1"] > best_acc1
         best_acc1 = max(val["val_acc1"], best_acc1)
@@ -511,6 +513,18 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
             log_metrics(args, dict(script=SCRIPT, world_size=world_size, epoch=epoch, lr=lr, amp=amp,
                                    arch=args.arch, batch_size=args.batch_size, device=device.type,
                                    threads=torch.get_num_threads(), **train_stats, **val))
+
+
+def average_buffers(model, world_size):
+    """BatchNorm's running statistics differ between processes, each having seen its own
+    shards: average them before evaluating, so that every process evaluates, and rank 0
+    saves, one and the same model (one all_reduce per epoch)."""
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    if world_size == 1 or not buffers:
+        return
+    flat = all_reduce_sum(torch.cat([b.detach().double().reshape(-1) for b in buffers])) / world_size
+    for b, value in zip(buffers, flat.split([b.numel() for b in buffers])):
+        b.copy_(value.view_as(b))
 
 
 def accuracy_counts(output, target, ks=(1, 5)):

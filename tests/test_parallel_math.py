@@ -127,3 +127,27 @@ def test_same_seed_gives_identical_runs(tiny_data, tmp_path):
     a, b = metrics(str(tmp_path / "a"))[-1], metrics(str(tmp_path / "b"))[-1]
     assert (a["train_loss"], a["val_loss"], a["val_acc1"]) == (b["train_loss"], b["val_loss"], b["val_acc1"])
     assert max_param_diff(params(str(tmp_path / "a")), params(str(tmp_path / "b"))) == 0.0
+
+
+@pytest.mark.parametrize("kind,name", [("torchrun", "distributed.py"), ("horovodrun", "horovod_distributed.py")])
+def test_validation_during_training_equals_evaluating_the_checkpoint_anywhere(tiny_data, tmp_path, kind, name):
+    """With BatchNorm each process's running statistics drift apart; they are averaged before
+    validation, so the epoch's Acc@1 is that of the saved model, evaluated by any world size."""
+    if kind == "horovodrun":
+        from test_horovod import HOROVODRUN, require_horovod
+        require_horovod()
+        cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, script(name)]
+    else:
+        cmd = launch_cmd(kind, 2, name)
+    train_out = str(tmp_path / "train")
+    run(cmd + ["--data", tiny_data, *TINY, "--seed", "4", "--output-dir", train_out])
+    during = metrics(train_out)[-1]
+    for nproc in (1, 3):
+        out = str(tmp_path / f"eval{nproc}")
+        run(launch_cmd("torchrun", nproc, "distributed.py") + [
+            "--data", tiny_data, *TINY, "--evaluate", "--resume", os.path.join(train_out, "checkpoint.pth.tar"),
+            "--output-dir", out])
+        after = metrics(out)[-1]
+        assert (after["val_acc1"], after["val_acc5"], after["val_images"]) == \
+            (during["val_acc1"], during["val_acc5"], during["val_images"])
+        assert after["val_loss"] == pytest.approx(during["val_loss"], rel=1e-5)
