@@ -357,7 +357,7 @@ def create_model(args, num_classes):
         kwargs["weights"] = "DEFAULT"
     try:
         return models.get_model(args.arch, **kwargs)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:  # e.g. --norm group for an arch without norm_layer
         raise UserError(f"--arch {args.arch} cannot be built with {sorted(kwargs)}: {e}") from None
 
 
@@ -411,7 +411,8 @@ def save_checkpoint(state, is_best, output_dir):
     atomic_write(path, lambda f: torch.save(state, f))
     if is_best:
         best = os.path.join(output_dir, "model_best.pth.tar")
-        atomic_write(best, lambda f: shutil.copyfileobj(open(path, "rb"), f))
+        with open(path, "rb") as src:
+            atomic_write(best, lambda f: shutil.copyfileobj(src, f))
 
 
 def load_checkpoint(path, model, optimizer, scaler, args, num_classes):
@@ -445,7 +446,7 @@ def main_worker(local_rank, rank, world_size, args):
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"):
         print(f"{SCRIPT}: warning: with torchrun --max-restarts, set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for "
               "torchrun: its shared store keeps the addresses of the processes before a restart, which the "
-              "restarted ones may try to reach (pytorch/pytorch#135712)", file=sys.stderr, flush=True)
+              "restarted ones may try to reach", file=sys.stderr, flush=True)
     device = init_distributed(args, local_rank, rank, world_size)
     try:
         train_and_evaluate(args, device, local_rank, rank, world_size)
@@ -479,7 +480,6 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         start_epoch, best_acc1 = load_checkpoint(resume, model, optimizer, scaler, args, num_classes)
     bare_model = model
     model, optimizer = distribute(model, optimizer, args, device)
-    seed_all(args.seed + rank)
     if rank == 0:
         opt = type(optimizer)
         print(f"{SCRIPT}: {world_size} process(es), backend {args.dist_backend}, device {device.type}, "
