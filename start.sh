@@ -38,6 +38,9 @@ Options and environment (flags win over environment):
   --only LIST   BACKENDS, comma-separated subset of the names above
   DATA, ARCH (resnet18), IMAGE_SIZE (224), PROCS, GPUS, PRINT_FREQ,
   PYTHON (default: .venv/bin/python if present, else python3), TORCHRUN
+  PEAK_TFLOPS   peak TFLOP/s of the hardware one run uses, in all, for the MFU column (default: on
+                GPUs, the dense bf16 tensor-core peak of the GPUs used, from a table by nvidia-smi
+                name, in tools/benchmark_report.py; on CPU none: MFU left blank, model TFLOP/s shown)
 EOF
 }
 
@@ -105,6 +108,11 @@ EPOCHS=${EPOCHS:-1}
 for v in EPOCHS BATCH WORKERS PROCS IMAGE_SIZE PRINT_FREQ; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "$v must be a number, not '${!v}'"
 done
+if [[ -n ${PEAK_TFLOPS:-} ]]; then
+    [[ $PEAK_TFLOPS =~ ^[0-9]*\.?[0-9]+$ && ! $PEAK_TFLOPS =~ ^[0.]+$ ]] ||
+        die "PEAK_TFLOPS must be a positive number of TFLOP/s, not '$PEAK_TFLOPS'"
+    export PEAK_TFLOPS
+fi
 
 if [[ $DATA == data/demo && ! -d data/demo ]]; then
     echo "$PROG: creating the demo data set in data/demo"
@@ -271,6 +279,7 @@ WALL=$((SECONDS - T0))
 LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "$PROG: all runs took ${WALL}s; load average after: $LOAD_AFTER"
 "$PYTHON" tools/benchmark_report.py --results "$RESULTS" --wall "$WALL" --config "$CONFIG" \
+    --arch "$ARCH" --image-size "$IMAGE_SIZE" \
     --command "${START_COMMAND:-$CMDLINE}" --title "$( [[ $MODE == gpu ]] && echo "GPU ($GPUS)" || echo "CPU ($CORES cores)")" \
     --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER"
 exit "$FAILED"

@@ -1,12 +1,19 @@
 """start.sh and statistics.sh do what the README says (their speed claims come from
 running start.sh, never from these tests)."""
 import csv
+import json
 import os
 import subprocess
+import sys
 
+import pytest
 from PIL import Image
 
-from conftest import ROOT, env, run
+from conftest import PY, ROOT, env, run
+
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import benchmark_report  # noqa: E402
+from model_flops import train_flops_per_image  # noqa: E402
 
 
 def test_statistics_samples_the_command_and_returns_its_exit_status(tmp_path):
@@ -35,7 +42,54 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
     assert float(rows["dataparallel"]["images_per_s"]) > 0 and float(rows["distributed"]["images_per_s"]) > 0
     assert rows["distributed"]["processes"] == "2"
     assert rows["horovod"]["status"] == "skipped" and "install-horovod.sh" in rows["horovod"]["note"]
+    # model TFLOP/s of resnet18 at start.sh's 32 px; no MFU on CPU without PEAK_TFLOPS
+    flops = train_flops_per_image("resnet18", 32)
+    for name in ("dataparallel", "distributed"):
+        assert float(rows[name]["train_tflops"]) == pytest.approx(float(rows[name]["images_per_s"]) * flops / 1e12,
+                                                                  rel=0.01)
+        assert rows[name]["mfu_pct"] == ""
     md = (out / "benchmark.md").read_text()
     assert "| dataparallel |" in md and "horovod" in md and "distributed / dataparallel" in md
+    assert "| model TFLOP/s | MFU % |" in md and "PEAK_TFLOPS" in md
     with Image.open(out / "benchmark.png") as png:
         assert png.format == "PNG" and png.width > 200
+
+
+def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):
+    flops = train_flops_per_image("resnet18", 224)
+    assert flops == pytest.approx(3 * 2 * 1.814e9, rel=0.10)  # 3 x forward, forward = 1.814 GMACs
+
+    # the report's functions on fabricated rows: 2 x H100 SXM from the table, a CPU run, a skipped one
+    h100 = "NVIDIA H100 80GB HBM3"
+    rows = [dict(backend="apex", status="ok", gpus="0,1", images_per_s=3000.0),
+            dict(backend="distributed", status="ok", gpus="-", images_per_s=25.0),
+            dict(backend="horovod", status="skipped", gpus="-", images_per_s=None)]
+    benchmark_report.add_mfu(rows, flops, gpu_names={"0": h100, "1": h100})
+    assert rows[0]["peak_tflops"] == 2 * 989
+    assert rows[0]["train_tflops"] == pytest.approx(3000 * flops / 1e12)
+    assert rows[0]["mfu_pct"] == pytest.approx(100 * 3000 * flops / (2 * 989e12))
+    assert rows[1]["train_tflops"] == pytest.approx(25 * flops / 1e12) and rows[1]["mfu_pct"] is None
+    assert rows[2]["train_tflops"] is None and rows[2]["mfu_pct"] is None
+    benchmark_report.add_mfu(rows, flops, peak_tflops=2.5, gpu_names={})  # PEAK_TFLOPS wins everywhere
+    assert rows[0]["mfu_pct"] == pytest.approx(100 * 3000 * flops / 2.5e12)
+    assert rows[1]["mfu_pct"] == pytest.approx(100 * 25 * flops / 2.5e12)
+    rows = benchmark_report.add_mfu([dict(gpus="3", images_per_s=1.0)], flops, gpu_names={"3": "NVIDIA H100 NVL"})
+    assert rows[0]["mfu_pct"] is None and "H100 NVL" in rows[0]["peak_source"]  # not in the table: no guess
+    peak = benchmark_report.gpu_peak_tflops
+    assert (peak("NVIDIA H100 PCIe"), peak("NVIDIA H200"), peak("NVIDIA A100-SXM4-80GB"), peak("NVIDIA L40S"),
+            peak("Tesla V100-SXM2-32GB"), peak("NVIDIA GeForce RTX 4090")) == (756, 989, 312, 362, 125, None)
+
+    # the report end to end on a fabricated results folder: arch from metrics.jsonl, image size from the command
+    runs = tmp_path / "runs"
+    (runs / "distributed").mkdir(parents=True)
+    (runs / "manifest.tsv").write_text("distributed\ttorchrun distributed.py\tok\t2\t1\t-\t0\t30\t"
+                                       "torchrun distributed.py -a resnet18 -b 32 --image-size 64\n")
+    (runs / "distributed" / "metrics.jsonl").write_text(json.dumps(dict(
+        arch="resnet18", epoch=0, train_images_per_s=40.0, epoch_time_s=10.0, val_acc1=50.0)) + "\n")
+    run([PY, os.path.join(ROOT, "tools", "benchmark_report.py"), "--results", str(tmp_path)],
+        env=env(PEAK_TFLOPS="0.5"), timeout=120)
+    row = next(csv.DictReader(open(tmp_path / "benchmark.csv")))
+    flops64 = train_flops_per_image("resnet18", 64)
+    assert float(row["train_tflops"]) == pytest.approx(40 * flops64 / 1e12, abs=1e-4)
+    assert float(row["mfu_pct"]) == pytest.approx(100 * 40 * flops64 / 0.5e12, abs=1e-3)
+    assert float(row["peak_tflops"]) == 0.5

@@ -7,7 +7,15 @@ Reads RESULTS/runs/manifest.tsv (one line per backend, written by start.sh: name
 status ok/failed/skipped, processes, threads per process, gpus, exit status, wall seconds,
 command or reason) and for each run RESULTS/runs/NAME/metrics.jsonl (rank 0's per-epoch
 records) and RESULTS/runs/NAME/stats.csv (statistics.sh samples). Only the standard
-library and PIL (which torchvision brings) are needed: no matplotlib.
+library and PIL (which torchvision brings) are needed: no matplotlib; torch and torchvision
+for the FLOPs count (without them the report leaves the TFLOP/s and MFU columns blank).
+
+MFU (model FLOPs utilization), as nanoGPT reports it: train_tflops = images/s x training
+FLOPs per image (forward + backward, counted by tools/model_flops.py for --arch at
+--image-size) / 1e12, all processes together; mfu_pct = 100 x train_tflops / peak, where the
+peak is PEAK_TFLOPS (--peak-tflops, the total for the run) or, for GPU runs, the sum over the
+GPUs used of GPU_PEAK_TFLOPS for their nvidia-smi names. On CPU without PEAK_TFLOPS, mfu_pct
+is left blank: there is no peak to divide by.
 """
 import argparse
 import csv
@@ -20,6 +28,9 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from model_flops import train_flops_per_image  # noqa: E402
+
 # (name of the run under test, name of the baseline, minimum ratio, what it checks)
 BARS = {
     "amp": ("apex", "distributed", 2.0, "mixed precision (bf16 autocast + channels_last) vs fp32 DDP, images/s"),
@@ -27,9 +38,27 @@ BARS = {
 }
 DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
 
+# Peak TFLOP/s of one GPU for MFU: dense (no 2:4 sparsity) bf16/fp16 tensor-core figures
+# from NVIDIA's data sheets (the "with sparsity" figures are twice these), as nanoGPT uses
+# (312 for an A100). Runs in fp32 (the distributed and dataparallel backends) are measured
+# against the same peak, as in nanoGPT, so their MFU is low by design. Entries: (substring of
+# the upper-cased nvidia-smi name, TFLOP/s); the first match wins. Names containing NVL (H100
+# NVL, H200 NVL: lower clocks and power) match none: set PEAK_TFLOPS for those and any GPU
+# not listed.
+GPU_PEAK_TFLOPS = [
+    ("H100 PCIE", 756.0),
+    ("H100 SXM", 989.0),
+    ("H100 80GB HBM3", 989.0),  # what nvidia-smi calls the H100 SXM5
+    ("H100", 989.0),  # other H100 names: the SXM figure
+    ("H200", 989.0),
+    ("A100", 312.0),  # SXM and PCIe alike
+    ("L40S", 362.0),
+    ("V100", 125.0),  # SXM2; the V100 PCIe's figure is 112
+]
+
 COLUMNS = ["backend", "launcher", "status", "processes", "threads_per_process", "gpus", "images_per_s",
-           "epoch_time_s", "val_acc1", "peak_memory_rank0_mb", "peak_rss_tree_mb", "mean_util",
-           "util_kind", "images_per_core_s", "data_wait_pct", "wall_s", "note"]
+           "train_tflops", "mfu_pct", "peak_tflops", "epoch_time_s", "val_acc1", "peak_memory_rank0_mb",
+           "peak_rss_tree_mb", "mean_util", "util_kind", "images_per_core_s", "data_wait_pct", "wall_s", "note"]
 
 
 def read_manifest(path):
@@ -106,6 +135,77 @@ def machine_info():
                 date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z"))
 
 
+def gpu_peak_tflops(name):
+    """Dense bf16/fp16 peak TFLOP/s of one GPU from its nvidia-smi name; None when not in GPU_PEAK_TFLOPS."""
+    upper = name.upper()
+    if "NVL" in upper:
+        return None
+    return next((peak for key, peak in GPU_PEAK_TFLOPS if key in upper), None)
+
+
+def nvidia_smi_gpus():
+    """{index: name, uuid: name} for this machine's GPUs; {} without nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    gpus = {}
+    for line in out.splitlines():
+        parts = [x.strip() for x in line.split(",", 2)]
+        if len(parts) == 3:
+            gpus[parts[0]] = gpus[parts[1]] = parts[2]
+    return gpus
+
+
+def run_peak(row, peak_tflops=None, gpu_names=None):
+    """(peak TFLOP/s of the hardware the run used, or None; a few words on where it comes from)."""
+    if peak_tflops:
+        return peak_tflops, f"PEAK_TFLOPS={peak_tflops:g}"
+    used = [g.strip() for g in str(row.get("gpus") or "").split(",") if g.strip() not in ("", "-")]
+    if not used:
+        return None, "CPU run: no peak known"
+    gpu_names = nvidia_smi_gpus() if gpu_names is None else gpu_names
+    names = [gpu_names.get(g) for g in used]
+    if None in names:
+        return None, f"GPU {used[names.index(None)]} not listed by nvidia-smi"
+    peaks = [gpu_peak_tflops(n) for n in names]
+    if None in peaks:
+        return None, f"no peak known for {names[peaks.index(None)]}"
+    kinds = ", ".join(f"{names.count(n)} x {n} ({gpu_peak_tflops(n):g})" for n in dict.fromkeys(names))
+    return sum(peaks), f"{kinds} = {sum(peaks):g} TFLOP/s dense bf16"
+
+
+def mfu(images_per_s, flops_per_image, peak_tflops):
+    """(achieved model TFLOP/s, MFU in % of peak_tflops or None): images/s x FLOPs per image / 1e12."""
+    if not images_per_s or not flops_per_image:
+        return None, None
+    tflops = images_per_s * flops_per_image / 1e12
+    return tflops, (100 * tflops / peak_tflops if peak_tflops else None)
+
+
+def add_mfu(rows, flops_per_image, peak_tflops=None, gpu_names=None):
+    """Fill train_tflops, mfu_pct, peak_tflops and peak_source of every row (in place); returns rows.
+    gpu_names: {nvidia-smi index or uuid: name}; default: ask nvidia-smi (once) when a row used GPUs."""
+    if gpu_names is None and not peak_tflops and any(str(r.get("gpus") or "-") not in ("", "-") for r in rows):
+        gpu_names = nvidia_smi_gpus()
+    for r in rows:
+        r["peak_tflops"], r["peak_source"] = run_peak(r, peak_tflops, gpu_names)
+        r["train_tflops"], r["mfu_pct"] = mfu(r.get("images_per_s"), flops_per_image, r["peak_tflops"])
+    return rows
+
+
+def model_of(rows, arch=None, image_size=None):
+    """(arch, image size) of the runs: the given values, else what the runs' metrics and commands say
+    (else the training scripts' default of 224 px)."""
+    import re
+    arch = arch or next((r["arch"] for r in rows if r.get("arch")), None)
+    if not image_size:
+        found = (re.search(r"--image-size[ =](\d+)", r.get("command") or "") for r in rows if r["status"] != "skipped")
+        image_size = next((int(m.group(1)) for m in found if m), 224)
+    return arch, image_size
+
+
 def summarise(results):
     rows = []
     for m in read_manifest(os.path.join(results, "runs", "manifest.tsv")):
@@ -122,7 +222,8 @@ def summarise(results):
                    data_wait_pct=max((100 * r.get("data_wait_frac", 0) for r in metrics), default=None),
                    note="" if m["status"] == "ok" else
                    (m["command"] if m["status"] == "skipped" else f"exit status {m['rc']}; see runs/{m['name']}/run.log"),
-                   command=m["command"], amp=last.get("amp"))
+                   command=m["command"], amp=last.get("amp"), arch=last.get("arch"),
+                   train_tflops=None, mfu_pct=None, peak_tflops=None, peak_source="")
         row["images_per_core_s"] = (row["images_per_s"] / (util / 100)
                                     if util and util_kind == "CPU %" and row["images_per_s"] else None)
         if m["name"] == "slurm" and util_kind == "CPU %":
@@ -168,12 +269,40 @@ def verdict(ok):
     return "PASS" if ok else ("FAIL" if ok is not None else "N/A")
 
 
+def fmt_tflops(x):
+    """TFLOP/s to 3 significant digits (0.270, 5.12, 51.2), whole numbers from 100 up."""
+    return "" if x is None else (f"{x:#.3g}" if x < 100 else f"{x:.0f}")
+
+
 def write_csv(rows, path):
+    digits = {"train_tflops": 4, "mfu_pct": 3}
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(COLUMNS)
         for r in rows:
-            w.writerow([fmt(r[c], 2) if isinstance(r[c], float) else ("" if r[c] is None else r[c]) for c in COLUMNS])
+            w.writerow([fmt(r[c], digits.get(c, 2)) if isinstance(r[c], float) else ("" if r[c] is None else r[c])
+                        for c in COLUMNS])
+
+
+def mfu_notes(ok_rows, model):
+    """The markdown paragraph that says how model TFLOP/s and MFU % were computed, and from which peak."""
+    model = model or {}
+    if not model.get("flops"):
+        return (f"model TFLOP/s and MFU %: not computed ({model.get('error') or 'no model given'}).")
+    text = (f"model TFLOP/s: images/s x {model['flops'] / 1e9:.2f} GFLOPs per training image ({model['arch']} at "
+            f"{model['image_size']} px, forward + backward, convolutions and matrix products only, counted by "
+            "tools/model_flops.py with FlopCounterMode), all processes together, as nanoGPT counts model FLOPs; "
+            "MFU %: model TFLOP/s over the peak of the hardware the run used, in %.")
+    sources = list(dict.fromkeys(r["peak_source"] for r in ok_rows if r.get("peak_source")))
+    if any(r.get("mfu_pct") is not None for r in ok_rows):
+        text += " Peak: " + "; ".join(sources) + "."
+        if any(not s.startswith("PEAK_TFLOPS") for s in sources):
+            text += (" GPU peaks are the vendors' dense bf16/fp16 tensor-core figures, without sparsity, used for the "
+                     "fp32 runs too, as nanoGPT does: fp32 runs show a low MFU by design.")
+    else:
+        text += (" MFU % is blank: " + "; ".join(sources or ["no run finished"]) + ". Set PEAK_TFLOPS to the "
+                 "run's total peak TFLOP/s (`PEAK_TFLOPS=N bash start.sh`) to get it.")
+    return text
 
 
 def write_md(rows, checks, info, args, path):
@@ -188,12 +317,14 @@ def write_md(rows, checks, info, args, path):
              f"- date: {info['date']}",
              f"- load average before / after: {args.load_before} / {args.load_after}" if args.load_before else "",
              "", "## Results", "",
-             "| backend | launcher | processes | threads/proc | GPUs | images/s | epoch time (s) | val Acc@1 | "
+             "| backend | launcher | processes | threads/proc | GPUs | images/s | model TFLOP/s | MFU % | "
+             "epoch time (s) | val Acc@1 | "
              f"peak mem rank 0 (MiB) | peak RSS tree (MiB) | {util_head} | images per core-s | data wait % |",
-             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in ok_rows:
         lines.append(f"| {r['backend']} | {r['launcher']} | {r['processes']} | {r['threads_per_process']} | {r['gpus']} | "
-                     f"{fmt(r['images_per_s'])} | {fmt(r['epoch_time_s'])} | {fmt(r['val_acc1'])} | "
+                     f"{fmt(r['images_per_s'])} | {fmt_tflops(r['train_tflops'])} | {fmt(r['mfu_pct'], 2)} | "
+                     f"{fmt(r['epoch_time_s'])} | {fmt(r['val_acc1'])} | "
                      f"{fmt(r['peak_memory_rank0_mb'], 0)} | {fmt(r['peak_rss_tree_mb'], 0)} | {fmt(r['mean_util'], 0)} | "
                      f"{fmt(r['images_per_core_s'])} | {fmt(r['data_wait_pct'])} |")
     others = [r for r in rows if r["status"] != "ok"]
@@ -211,6 +342,7 @@ def write_md(rows, checks, info, args, path):
               "images per core-s: images/s divided by mean CPU % / 100, a rough contention-independent "
               "efficiency (CPU time other users take from the run lowers images/s but not this). "
               "data wait: share of the epoch the training loop waited for the data loader (rank 0).",
+              "", mfu_notes(ok_rows, info.get("model")),
               "", "## Performance bars", "", "| check | what | bar | measured | result |", "|---|---|---|---|---|"]
     for c in checks:
         lines.append(f"| {c['name']} | {c['what']} | {c['bar']} | {c['text']} | **{verdict(c['ok'])}** |")
@@ -247,7 +379,8 @@ def write_png(rows, checks, info, args, path):
     panel_w = (W - label_w - 40 - panel_gap) // 2
     n = max(1, len(ok_rows))
     chart_h = n * (bar_h + gap)
-    H = top + chart_h + 40 + 26 * (len(checks) + len(others)) + 20
+    mfu_lines = wrap(png_mfu_line(ok_rows, info.get("model")), 165)
+    H = top + chart_h + 40 + 26 * (len(checks) + len(others)) + 22 * len(mfu_lines) + 20
     img = Image.new("RGB", (W, H), "white")
     d = ImageDraw.Draw(img)
     f_title, f_txt, f_small, f_bold = font(26, True), font(18), font(15), font(18, True)
@@ -287,10 +420,36 @@ def write_png(rows, checks, info, args, path):
         text = c["text"].split(";")[0] if c["name"] == "data wait" else c["text"]
         d.text((90, y), f"{c['name']} {c['bar']}: {text}"[:150], fill="black", font=f_txt)
         y += 26
+    for line in mfu_lines:
+        d.text((20, y), line, fill="black", font=f_small)
+        y += 22
     for r in others:
         d.text((20, y), f"not run: {r['backend']}: {r['note']}"[:160], fill="#666", font=f_small)
         y += 26
     img.save(path)
+
+
+def wrap(text, width):
+    """Split text at ', ' into lines of at most `width` characters (longer pieces stay whole)."""
+    lines = [""]
+    for piece in text.split(", "):
+        if lines[-1] and len(lines[-1]) + 2 + len(piece) > width:
+            lines[-1] += ","
+            lines.append("    " + piece)
+        else:
+            lines[-1] += (", " if lines[-1] else "") + piece
+    return lines
+
+
+def png_mfu_line(ok_rows, model):
+    model = model or {}
+    if not model.get("flops"):
+        return f"model TFLOP/s, MFU: not computed ({model.get('error') or 'no model given'})"
+    per = ", ".join(f"{r['backend']} {fmt_tflops(r['train_tflops'])}"
+                    + (f" ({fmt(r['mfu_pct'])}% MFU)" if r.get("mfu_pct") is not None else "") for r in ok_rows)
+    blank = "" if any(r.get("mfu_pct") is not None for r in ok_rows) else "; MFU: no peak (PEAK_TFLOPS)"
+    return (f"model TFLOP/s ({model['arch']} {model['image_size']}px: {model['flops'] / 1e9:.2f} GFLOPs per image "
+            f"forward + backward): {per}{blank}")
 
 
 def main():
@@ -302,25 +461,52 @@ def main():
     p.add_argument("--config", default="", help="one line describing the configuration")
     p.add_argument("--load-before", default="")
     p.add_argument("--load-after", default="")
+    p.add_argument("--arch", default=None, help="model of the runs (default: what their metrics.jsonl say)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="training image size (default: the runs' --image-size, else 224)")
+    p.add_argument("--peak-tflops", type=float, default=os.environ.get("PEAK_TFLOPS") or None,
+                   help="peak TFLOP/s of the hardware a run uses, total (default: env PEAK_TFLOPS; for GPU runs, "
+                        "else the table of dense bf16 peaks by nvidia-smi name; on CPU, none: MFU left blank)")
     args = p.parse_args()
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        p.error(f"--peak-tflops / PEAK_TFLOPS must be positive, not {args.peak_tflops}")
     rows = summarise(args.results)
     if not rows:
         sys.exit(f"{sys.argv[0]}: no runs in {args.results}/runs/manifest.tsv")
     checks = check_bars(rows)
     info = machine_info()
+    arch, image_size = model_of(rows, args.arch, args.image_size)
+    info["model"] = dict(arch=arch, image_size=image_size, flops=None, error="" if arch else "no arch known")
+    if arch:
+        try:
+            info["model"]["flops"] = train_flops_per_image(arch, image_size)
+        except Exception as e:  # an arch FlopCounterMode or the meta device cannot run: report without MFU
+            info["model"]["error"] = f"counting {arch} at {image_size} px failed: {type(e).__name__}: {e}"
+            print(f"{sys.argv[0]}: warning: {info['model']['error']}", file=sys.stderr)
+    add_mfu(rows, info["model"]["flops"], args.peak_tflops)
     write_csv(rows, os.path.join(args.results, "benchmark.csv"))
     write_md(rows, checks, info, args, os.path.join(args.results, "benchmark.md"))
     write_png(rows, checks, info, args, os.path.join(args.results, "benchmark.png"))
-    print(f"{'backend':<20} {'procs x thr':>11} {'images/s':>9} {'epoch s':>8} {'Acc@1':>6} {'wait %':>7}")
+    print(f"{'backend':<20} {'procs x thr':>11} {'images/s':>9} {'TFLOP/s':>8} {'MFU %':>6} {'epoch s':>8} "
+          f"{'Acc@1':>6} {'wait %':>7}")
     for r in rows:
         if r["status"] == "ok":
             shape = f"{r['processes']}x{r['threads_per_process'] if r['gpus'] in ('', '-') else r['gpus']}"
-            print(f"{r['backend']:<20} {shape:>11} {fmt(r['images_per_s']):>9} {fmt(r['epoch_time_s']):>8} "
+            print(f"{r['backend']:<20} {shape:>11} {fmt(r['images_per_s']):>9} {fmt_tflops(r['train_tflops']):>8} "
+                  f"{fmt(r['mfu_pct'], 2):>6} {fmt(r['epoch_time_s']):>8} "
                   f"{fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7}")
         else:
             print(f"{r['backend']:<20} {r['status']}: {r['note']}")
     for c in checks:
         print(f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}")
+    model, ok_rows = info["model"], [r for r in rows if r["status"] == "ok"]
+    if model["flops"]:
+        sources = "; ".join(dict.fromkeys(r["peak_source"] for r in ok_rows)) or "no run finished"
+        blank = "" if any(r["mfu_pct"] is not None for r in ok_rows) else ", MFU blank (set PEAK_TFLOPS)"
+        print(f"model FLOPs: {model['arch']} {model['image_size']}px {model['flops'] / 1e9:.2f} GFLOPs per training "
+              f"image (forward + backward); peak: {sources}{blank}")
+    else:
+        print(f"model TFLOP/s, MFU: not computed ({model['error']})")
     print(f"wrote {args.results}/benchmark.csv, benchmark.md, benchmark.png")
 
 
