@@ -540,9 +540,10 @@ def train(loader, model, optimizer, scaler, epoch, ctx):
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
-        n = target.shape[0]
-        sums += torch.stack([loss.detach().double() * n, accuracy_counts(output.detach(), target, (1,))[0].double(),
-                             torch.tensor(n, dtype=torch.float64, device=device)])
+        n = target.shape[0]  # in-place adds of Python numbers: no host-to-device copy, so no wait
+        sums[0] += loss.detach().double() * n
+        sums[1] += accuracy_counts(output.detach(), target, (1,))[0]
+        sums[2] += n
         if i % args.print_freq == 0 or i == len(loader) - 1:
             total = all_reduce_sum(sums.clone()).tolist()
             if rank == 0:
@@ -579,8 +580,10 @@ def validate(loader, model, ctx):
             output = model(images)
         loss = F.cross_entropy(output.float(), target, reduction="sum")
         top1, top5 = accuracy_counts(output, target)
-        sums += torch.stack([loss.double(), top1.double(), top5.double(),
-                             torch.tensor(target.shape[0], dtype=torch.float64, device=device)])
+        sums[0] += loss.double()
+        sums[1] += top1
+        sums[2] += top5
+        sums[3] += target.shape[0]
     loss_sum, top1, top5, n = all_reduce_sum(sums).tolist()
     n_int = int(round(n))
     result = dict(val_loss=loss_sum / max(n, 1), val_acc1=100 * top1 / max(n, 1), val_acc5=100 * top5 / max(n, 1),
