@@ -51,7 +51,10 @@ def slurm_problem(environ=None):
     except subprocess.TimeoutExpired:
         return "sinfo did not answer within 30 s (slurmctld is not responding)"
     states = p.stdout.split()
-    if p.returncode != 0 or not any(s.rstrip("*~#") in ("idle", "mixed", "allocated", "completing")
+    # sinfo appends a flag to the state: "*" not responding (unusable); "-" planned for a pending
+    # job by the backfill scheduler, as when this suite queues its jobs together; "~#!%$@^" power
+    # and maintenance flags
+    if p.returncode != 0 or not any(s.rstrip("*~#!%$@^-") in ("idle", "mixed", "allocated", "completing")
                                     and not s.endswith("*") for s in states):
         detail = (p.stderr.strip().splitlines() or [f"node states: {' '.join(states) or 'none'}"])[-1]
         return f"the Slurm cluster is down or has no usable node ({detail})"
