@@ -71,9 +71,13 @@ def build_parser():
                    help="group: GroupNorm instead of BatchNorm (per-sample, so independent of the process count)")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm: batch statistics over all processes (CUDA)")
     p.add_argument("--amp", choices=["off", "auto", "bf16", "fp16"], default="off",
-                   help="mixed precision with torch.amp; auto: bf16 on CPU, fp16 + GradScaler on CUDA")
-    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
-                   help="NHWC memory format (faster with mixed precision)")
+                   help="mixed precision with torch.amp; auto: what the hardware runs natively (bf16 on GPUs from "
+                        "Ampere on and on CPUs with AVX512_BF16 or AMX, fp16 + GradScaler on older GPUs, else fp32)")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                   help="NHWC memory format (default: with mixed precision only, where it is faster)")
+    p.add_argument("--fp64", action="store_true",
+                   help="train in float64 (slow): N processes then match one process to ~1e-12, whatever the "
+                        "kernels' summation order, which checks the parallel math itself")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per process (default: PyTorch's)")
     p.add_argument("--dist-backend", default=None, help="nccl with CUDA, else gloo")
     p.add_argument("--dist-timeout", type=float, default=1800, help="seconds before a stuck collective fails")
@@ -178,8 +182,8 @@ def check_args(args, world_size):
         args.dist_backend = "nccl" if torch.cuda.is_available() else "gloo"
     if args.dist_backend == "nccl" and not torch.cuda.is_available():
         raise UserError("--dist-backend nccl needs CUDA GPUs; use gloo on CPU")
-    if args.amp == "fp16" and not torch.cuda.is_available():
-        raise UserError("--amp fp16 needs CUDA; use --amp bf16 on CPU")
+    if args.fp64 and args.amp in ("bf16", "fp16"):
+        raise UserError(f"--fp64 and --amp {args.amp} contradict each other: choose one precision")
     if args.sync_bn and not torch.cuda.is_available():
         raise UserError("--sync-bn needs CUDA (PyTorch's SyncBatchNorm is GPU-only); use --norm group on CPU")
     if args.resume and not os.path.isfile(args.resume):
@@ -348,10 +352,52 @@ def create_model(args, num_classes):
         raise UserError(f"--arch {args.arch} cannot be built with {sorted(kwargs)}: {e}") from None
 
 
-def resolve_amp(args, device):
-    if args.amp == "auto":
-        return "bf16" if device.type == "cpu" else "fp16"
-    return args.amp
+def cpu_bf16_support():
+    """(native, name): whether this CPU runs bf16 matrix work natively (AVX512_BF16 or AMX; on AVX2
+    bf16 is emulated and about 10x slower than fp32), and a name for its capability. PyTorch's
+    ATEN_CPU_CAPABILITY and oneDNN's ONEDNN_MAX_CPU_ISA can hide native support: they count too."""
+    flags = set()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        flags = set(next((line for line in f if line.startswith("flags")), "").split())
+    aten = torch.backends.cpu.get_cpu_capability()  # what ATen's kernels use: DEFAULT, AVX2, AVX512, ...
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    onednn_hides = isa.startswith(("SSE", "AVX2", "AVX_")) or isa in ("AVX", "AVX512_CORE", "AVX512_CORE_VNNI")
+    if onednn_hides:
+        return False, f"{aten}, oneDNN limited to {isa}"
+    if aten != "AVX512":
+        return False, aten
+    if "amx_bf16" in flags:
+        return True, "AMX"
+    if "avx512_bf16" in flags:
+        return True, "AVX512_BF16"
+    return False, "AVX512 without AVX512_BF16"
+
+
+def choose_precision(args, device):
+    """Returns (amp, channels_last, why): the autocast precision ('off', 'bf16' or 'fp16'), the
+    memory format, and the reason, printed on the run's first line. 'auto' picks what the hardware
+    runs natively, so mixed precision is never slower than fp32."""
+    if device.type == "cuda":
+        native = {"bf16": torch.cuda.is_bf16_supported(including_emulation=False), "fp16": True}
+        name = f"{torch.cuda.get_device_name(device)}, compute capability {'.'.join(map(str, torch.cuda.get_device_capability(device)))}"
+        auto = ("bf16", "the GPU runs bf16 natively: no GradScaler") if native["bf16"] else \
+            ("fp16", "no native bf16 on this GPU: fp16 with GradScaler")
+    else:
+        bf16, name = cpu_bf16_support()
+        native = {"bf16": bf16, "fp16": False}
+        auto = ("bf16", f"this CPU runs bf16 natively: {name}") if bf16 else \
+            ("off", f"this CPU has no native bf16: {name}")
+    if args.fp64:
+        amp, why = "off", "--fp64"
+    elif args.amp == "auto":
+        amp, why = auto
+    else:
+        amp, why = args.amp, f"--amp {args.amp}"
+    if amp != "off" and not native[amp]:
+        why += (f"; warning: {name} has no native {amp}, which is emulated there and runs much slower than fp32 "
+                "(often 10x)")
+    channels_last = args.channels_last if args.channels_last is not None else amp != "off"
+    return amp, channels_last, why
 
 
 def atomic_write(path, write):
@@ -442,6 +488,11 @@ def main_worker(local_rank, rank, world_size, args):
 
 
 def train_and_evaluate(args, device, local_rank, rank, world_size):
+    args.amp, args.channels_last, why = choose_precision(args, device)
+    amp = args.amp
+    if rank == 0:
+        print(f"{SCRIPT}: amp: {amp if amp != 'off' else 'fp64' if args.fp64 else 'fp32'} ({why}), "
+              f"channels_last {'on' if args.channels_last else 'off'}", flush=True)
     seed_all(args.seed + rank)  # ranks draw different augmentations, reproducibly
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
@@ -450,13 +501,13 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
     train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
     train_loader, train_sampler, val_loader = build_loaders(train_set, val_set, args, rank, world_size, device)
 
-    amp = resolve_amp(args, device)
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    dtype = torch.float64 if args.fp64 else torch.float32
     torch.manual_seed(args.seed)  # same initial weights in every process, as one process would have
     model = create_model(args, num_classes)
     if args.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    model.to(device, memory_format=memory_format)
+    model.to(device, dtype, memory_format=memory_format)
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     start_epoch, best_acc1 = 0, 0.0
@@ -471,11 +522,12 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         opt = type(optimizer)
         print(f"{SCRIPT}: {world_size} process(es), backend {args.dist_backend}, device {device.type}, "
               f"{args.arch}, batch {args.batch_size} ({args.batch_size // world_size} per process), "
-              f"precision {amp if amp != 'off' else 'fp32'}, optimizer {opt.__module__}.{opt.__name__}, "
+              f"precision {amp if amp != 'off' else 'fp64' if args.fp64 else 'fp32'}, optimizer {opt.__module__}.{opt.__name__}, "
               f"{torch.get_num_threads()} thread(s), start epoch {start_epoch}", flush=True)
     if note:
         print(note, flush=True)
-    ctx = dict(args=args, device=device, amp=amp, memory_format=memory_format, rank=rank, world_size=world_size)
+    ctx = dict(args=args, device=device, amp=amp, dtype=dtype, memory_format=memory_format, rank=rank,
+               world_size=world_size)
 
     if args.evaluate:
         val = validate(val_loader, bare_model, ctx)
@@ -533,7 +585,7 @@ def train(loader, model, optimizer, scaler, epoch, ctx):
         data_time += time.perf_counter() - t_fetch
         if i == warmup:
             t_warm, warm_images = time.perf_counter(), i * args.batch_size // ctx["world_size"]
-        images = images.to(device, non_blocking=True, memory_format=ctx["memory_format"])
+        images = images.to(device, ctx["dtype"], non_blocking=True, memory_format=ctx["memory_format"])
         target = target.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.float16 if ctx["amp"] == "fp16" else torch.bfloat16,
                             enabled=ctx["amp"] != "off"):
@@ -576,7 +628,7 @@ def validate(loader, model, ctx):
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, top-1, top-5, n
     for images, target in loader:
-        images = images.to(device, non_blocking=True, memory_format=ctx["memory_format"])
+        images = images.to(device, ctx["dtype"], non_blocking=True, memory_format=ctx["memory_format"])
         target = target.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.float16 if ctx["amp"] == "fp16" else torch.bfloat16,
                             enabled=ctx["amp"] != "off"):

@@ -11,13 +11,11 @@ import sys
 
 import pytest
 
-from conftest import PY, TINY, env, max_param_diff, metrics, params, run, script
+from conftest import EXACT, PARAM_TOL, PY, TINY, env, max_param_diff, metrics, params, run, script
 
 HOROVODRUN = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "horovodrun")
 # Float32 parameters after 4 SGD steps differ only by the rounding of differently ordered
 # sums: measured 1e-7 (2 processes) and 4e-7 (3 processes); BatchNorm would differ by ~0.6.
-PARAM_TOL = 1e-5
-EXACT = ["--norm", "group", "--no-augment", "--seed", "3"]  # GroupNorm: per-sample, shard-independent
 TRAIN_IMAGES, VAL_IMAGES = 48, 101
 
 _horovod_runs = {}  # (nproc, purpose) -> output dir, shared by the tests that read the same run

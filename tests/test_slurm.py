@@ -23,14 +23,12 @@ import uuid
 
 import pytest
 
-from conftest import PY, ROOT, TINY, env, free_port, max_param_diff, metrics, params, script
+from conftest import EXACT, PARAM_TOL, PY, ROOT, TINY, env, free_port, max_param_diff, metrics, params, script
 
 SLURM_LOCAL = "bash tools/slurm-local.sh up"
 SBATCH_CPU = os.path.join(ROOT, "slurm", "train-cpu.sbatch")
 # Float32 parameters after 4 SGD steps differ only by the rounding of differently ordered
 # sums (measured 1.2e-7 for 2 and 3 processes); BatchNorm would differ by ~0.6.
-PARAM_TOL = 1e-5
-EXACT = ["--norm", "group", "--no-augment", "--seed", "3"]  # GroupNorm: per-sample, shard-independent
 EVAL = ["--evaluate", "--seed", "3"]
 VAL_IMAGES = 101
 JOB_TIMEOUT = 300  # seconds for any one command, queueing included; a hang shows as a failure
