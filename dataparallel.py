@@ -15,11 +15,11 @@ import argparse
 import contextlib
 import datetime
 import hashlib
+import io
 import json
 import os
 import random
 import resource
-import shutil
 import socket
 import sys
 import time
@@ -27,6 +27,7 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.data
@@ -43,13 +44,21 @@ class UserError(Exception):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", metavar="DIR", default="data/demo",
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                epilog="Defaults follow pytorch/examples' ImageNet recipe, except on the demo data "
+                                       f"(folders with a {DEMO_MARK} file, made by tools/make_demo_data.py) and with "
+                                       "--dummy, where they are the few-minute demo's: " +
+                                       ", ".join(f"{k} {v}" for k, v in DEMO_DEFAULTS.items()))
+    p.add_argument("data_arg", nargs="?", metavar="DATA", help="the data folder, as pytorch/examples takes it (or --data)")
+    p.add_argument("--data", metavar="DIR", default=None,
                    help="ImageFolder root with train/ and val/ (default: data/demo, made by tools/make_demo_data.py)")
     p.add_argument("-a", "--arch", default="resnet18", help="any torchvision classification model (default: resnet18)")
-    p.add_argument("-j", "--workers", type=int, default=2, help="data loading processes per training process")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("-b", "--batch-size", type=int, default=32, help="global batch, split evenly across processes")
+    p.add_argument("-j", "--workers", type=int, default=None,
+                   help="data loading processes per training process (default: min(8, CPU cores per local process))")
+    p.add_argument("--epochs", type=int, default=None, help="default: 90")
+    p.add_argument("--start-epoch", type=int, default=0, help="epoch to start at (--resume takes it from the checkpoint)")
+    p.add_argument("-b", "--batch-size", type=int, default=None,
+                   help="global batch, split evenly across processes (default: 256)")
     p.add_argument("--lr", "--learning-rate", type=float, default=None, dest="lr",
                    help="for the global batch (default: 0.1 x batch-size / 256, ImageNet's linear scaling rule)")
     p.add_argument("--lr-step", type=int, default=30, help="divide the learning rate by 10 every N epochs")
@@ -82,6 +91,36 @@ def build_parser():
     p.add_argument("--dist-backend", default=None, help="nccl with CUDA, else gloo")
     p.add_argument("--dist-timeout", type=float, default=1800, help="seconds before a stuck collective fails")
     return p
+
+
+DEMO_MARK = "DEMO_DATA.txt"  # written by tools/make_demo_data.py
+DEMO_DEFAULTS = dict(batch_size=32, epochs=3, workers=2)
+
+
+def resolve_defaults(args, world_size):
+    """The ImageNet recipe (global batch 256, 90 epochs, lr 0.1 x batch / 256 divided by 10 every 30
+    epochs, weight decay 1e-4, min(8, cores per local process) loader workers), except on the demo data."""
+    if args.data_arg is not None and args.data not in (None, args.data_arg):
+        raise UserError(f"two data folders: {args.data_arg} and --data {args.data}")
+    args.data = args.data_arg or args.data or "data/demo"
+    args.demo = args.dummy or os.path.normpath(args.data) == "data/demo" or \
+        os.path.isfile(os.path.join(args.data, DEMO_MARK))
+    recipe = dict(batch_size=256, epochs=90, workers=loader_workers(world_size))
+    for name, value in (DEMO_DEFAULTS if args.demo else recipe).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.lr is None:
+        args.lr = 0.1 * args.batch_size / 256
+
+
+def loader_workers(world_size):
+    """min(8, CPU cores this process may use / processes on this node); the launchers say how many
+    processes a node runs, else one per GPU (at most the world size) is assumed."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    local = next((int(os.environ[v]) for v in ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+                  if os.environ.get(v, "").isdigit()), None)
+    local = local or min(world_size, torch.cuda.device_count() or world_size)
+    return max(1, min(8, cores // max(local, 1)))
 # ---- end shared: options ----
 
 
@@ -90,6 +129,7 @@ def add_backend_args(p):
     p.add_argument("--gpus", default=None, help="comma-separated GPU ids to use (default: all visible)")
 
 
+@record  # torchrun's summary then names a failed rank's exception and traceback
 def main():
     p = build_parser()
     add_backend_args(p)
@@ -111,6 +151,10 @@ def distribute(model, optimizer, args, device):
     if device.type != "cuda":
         return model, optimizer  # on CPU one process already uses every core
     return nn.DataParallel(model, device_ids=args.gpus, output_device=args.gpus[0]), optimizer
+
+
+def sync_batchnorm(model):  # --sync-bn: batch statistics over all processes
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
 def all_reduce_sum(tensor):
@@ -170,6 +214,7 @@ def free_port():
 def check_args(args, world_size):
     """Checks that every process can make alike, before any process group exists, so bad
     input fails at once instead of leaving the other processes waiting in a collective."""
+    resolve_defaults(args, world_size)
     if args.batch_size < world_size:
         raise UserError(f"--batch-size {args.batch_size} is smaller than the world size {world_size}: "
                         "every process needs at least one sample per step")
@@ -187,10 +232,16 @@ def check_args(args, world_size):
         raise UserError(f"--resume: no checkpoint at {args.resume}")
     if not args.dummy:
         check_data(args.data)
-    if args.lr is None:
-        args.lr = 0.1 * args.batch_size / 256
     if args.output_dir is None:
         args.output_dir = os.path.join("output", os.path.splitext(SCRIPT)[0])
+    probe = os.path.join(args.output_dir, f".write-test-{socket.gethostname()}-{os.getpid()}")
+    try:  # a folder that cannot hold checkpoints fails now, not after the first epoch
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"output folder {args.output_dir} cannot be written: {e.strerror or e}") from None
 
 
 def check_data(root):
@@ -437,40 +488,71 @@ def pid_alive(pid):
 
 
 def save_checkpoint(state, is_best, output_dir):
-    path = os.path.join(output_dir, "checkpoint.pth.tar")
-    atomic_write(path, lambda f: torch.save(state, f))
-    if is_best:
-        best = os.path.join(output_dir, "model_best.pth.tar")
-        with open(path, "rb") as src:
-            atomic_write(best, lambda f: shutil.copyfileobj(src, f))
+    """A full disk (or any write error) ends the run with one line; the previous files stay whole."""
+    data = io.BytesIO()  # serialized in memory first: torch.save into a file turns ENOSPC into an opaque error
+    torch.save(state, data)
+    for name in ("checkpoint.pth.tar", "model_best.pth.tar") if is_best else ("checkpoint.pth.tar",):
+        path = os.path.join(output_dir, name)
+        try:
+            atomic_write(path, lambda f: f.write(data.getbuffer()))
+        except OSError as e:
+            kept = "the previous one is kept" if os.path.exists(path) else "there is none"
+            raise UserError(f"cannot write {path}: {e.strerror or e} ({kept})") from None
+
+
+def checkpoint_classes(weights):
+    """Class count of a classifier's weights: the out features of its last layer."""
+    return next((v.shape[0] for k, v in reversed(weights.items()) if k.endswith("weight") and v.dim() >= 2), None)
 
 
 def load_checkpoint(path, model, optimizer, scaler, args, num_classes):
+    """Loads this project's checkpoints, whichever --amp and backend wrote them, and those of
+    pytorch/examples' ImageNet script (state_dict, optimizer, epoch, arch, best_acc1; DataParallel and
+    DDP prefix the weights' names with "module.")."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)  # a checkpoint cannot run code
     except Exception as e:
         raise UserError(f"cannot load checkpoint {path}: {str(e).splitlines()[0]}") from None
-    if ckpt.get("arch") != args.arch or ckpt.get("num_classes") != num_classes:
-        raise UserError(f"checkpoint {path} is for {ckpt.get('arch')} with {ckpt.get('num_classes')} classes, "
+    weights = ckpt.get("model", ckpt.get("state_dict")) if isinstance(ckpt, dict) else None
+    if not isinstance(weights, dict) or "epoch" not in ckpt:
+        raise UserError(f"checkpoint {path} has no model weights and epoch: not a training checkpoint")
+    weights = {".".join(n for n in k.split(".") if n != "module"): v for k, v in weights.items()}
+    classes = ckpt.get("num_classes") or checkpoint_classes(weights)
+    if ckpt.get("arch") != args.arch or classes != num_classes:
+        raise UserError(f"checkpoint {path} is for {ckpt.get('arch')} with {classes} classes, "
                         f"not --arch {args.arch} with {num_classes}")
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    scaler.load_state_dict(ckpt["scaler"])
-    return ckpt["epoch"], ckpt["best_acc1"]
+    try:
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise UserError(f"checkpoint {path} does not fit the model: {str(e).strip().splitlines()[0]}") from None
+    if ckpt.get("scaler"):  # empty when written without fp16 (a disabled GradScaler): the fresh one starts
+        scaler.load_state_dict(ckpt["scaler"])
+    return ckpt["epoch"], float(ckpt.get("best_acc1", 0.0))
 
 
-def log_metrics(args, record):
-    with open(os.path.join(args.output_dir, "metrics.jsonl"), "a") as f:
-        f.write(json.dumps(record) + "\n")
+def report_once(rank):
+    """Every rank found the same problem: rank 0 reports it, the others leave quietly, after a pause
+    so that a launcher that stops the job at the first exit does not stop rank 0 before it has said why."""
+    if rank != 0:
+        time.sleep(2)
+        sys.exit(2)
+
+
+def log_metrics(args, row):
+    path = os.path.join(args.output_dir, "metrics.jsonl")
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def main_worker(local_rank, rank, world_size, args):
     try:
         check_args(args, world_size)
     except UserError:
-        if rank != 0:  # every rank found the same problem: rank 0 reports it once, and
-            time.sleep(2)  # a launcher that stops the job at the first exit must not stop it first
-            sys.exit(2)
+        report_once(rank)
         raise
     if (rank == 0 and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"):
@@ -487,27 +569,30 @@ def main_worker(local_rank, rank, world_size, args):
 def train_and_evaluate(args, device, local_rank, rank, world_size):
     args.amp, args.channels_last, why = choose_precision(args, device)
     amp = args.amp
-    if rank == 0:
-        print(f"{SCRIPT}: amp: {amp if amp != 'off' else 'fp64' if args.fp64 else 'fp32'} ({why}), "
-              f"channels_last {'on' if args.channels_last else 'off'}", flush=True)
     seed_all(args.seed + rank)  # ranks draw different augmentations, reproducibly
-    if args.deterministic:
+    if args.deterministic:  # cuBLAS is deterministic only with this workspace setting (else torch refuses)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = not args.deterministic
     os.makedirs(args.output_dir, exist_ok=True)
     train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
     train_loader, train_sampler, val_loader = build_loaders(train_set, val_set, args, rank, world_size, device)
+    if len(train_loader) == 0 and not args.evaluate:  # no full batch per process: nothing to train on
+        report_once(rank)
+        raise UserError(f"the {len(train_set)} training images make no full batch of {args.batch_size}: "
+                        "lower --batch-size")
 
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     dtype = torch.float64 if args.fp64 else torch.float32
     torch.manual_seed(args.seed)  # same initial weights in every process, as one process would have
     model = create_model(args, num_classes)
     if args.sync_bn:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = sync_batchnorm(model)
     model.to(device, dtype, memory_format=memory_format)
-    optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                                fused=device.type == "cuda" or None)  # one kernel on GPUs; CPU: PyTorch's default
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
-    start_epoch, best_acc1 = 0, 0.0
+    start_epoch, best_acc1 = args.start_epoch, 0.0
     resume = args.resume
     if args.auto_resume and os.path.isfile(os.path.join(args.output_dir, "checkpoint.pth.tar")):
         resume = os.path.join(args.output_dir, "checkpoint.pth.tar")
@@ -515,8 +600,15 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         start_epoch, best_acc1 = load_checkpoint(resume, model, optimizer, scaler, args, num_classes)
     bare_model = model
     model, optimizer = distribute(model, optimizer, args, device)
+    eval_model = model if isinstance(model, nn.DataParallel) else bare_model  # DDP's forward would sync buffers
     if rank == 0:
         opt = type(optimizer)
+        fused = " (fused)" if optimizer.defaults.get("fused") else ""
+        print(f"{SCRIPT}: amp: {amp if amp != 'off' else 'fp64' if args.fp64 else 'fp32'} ({why}), "
+              f"channels_last {'on' if args.channels_last else 'off'}, optimizer {opt.__module__}.{opt.__name__}{fused}; "
+              f"batch {args.batch_size // world_size} per process, {args.epochs} epochs, lr {args.lr:g} "
+              f"(/10 every {args.lr_step} epochs), weight decay {args.weight_decay:g}, {args.workers} loader "
+              f"workers per process ({'demo settings' if args.demo else 'ImageNet recipe'})", flush=True)
         print(f"{SCRIPT}: {world_size} process(es), backend {args.dist_backend}, device {device.type}, "
               f"{args.arch}, batch {args.batch_size} ({args.batch_size // world_size} per process), "
               f"precision {amp if amp != 'off' else 'fp64' if args.fp64 else 'fp32'}, optimizer {opt.__module__}.{opt.__name__}, "
@@ -527,7 +619,7 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
                world_size=world_size)
 
     if args.evaluate:
-        val = validate(val_loader, bare_model, ctx)
+        val = validate(val_loader, eval_model, ctx)
         if rank == 0:
             log_metrics(args, dict(script=SCRIPT, world_size=world_size, epoch=start_epoch, **val))
         return
@@ -539,7 +631,7 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
             group["lr"] = lr
         train_stats = train(train_loader, model, optimizer, scaler, epoch, ctx)
         average_buffers(bare_model, world_size)
-        val = validate(val_loader, bare_model, ctx)
+        val = validate(val_loader, eval_model, ctx)
         is_best = val["val_acc1"] > best_acc1
         best_acc1 = max(val["val_acc1"], best_acc1)
         if rank == 0:
@@ -561,6 +653,16 @@ def average_buffers(model, world_size):
     flat = all_reduce_sum(torch.cat([b.detach().double().reshape(-1) for b in buffers])) / world_size
     for b, value in zip(buffers, flat.split([b.numel() for b in buffers])):
         b.copy_(value.view_as(b))
+
+
+def main_and_aux_outputs(output):
+    """inception_v3 and googlenet return (logits, auxiliary logits...) in training: the auxiliary
+    classifiers' losses are added with torchvision's reference weights (0.4 for inception_v3's one,
+    0.3 for each of googlenet's two)."""
+    if not isinstance(output, tuple):
+        return output, []
+    main, *aux = [o for o in output if o is not None]
+    return main, [(0.4 if len(aux) == 1 else 0.3, a) for a in aux]
 
 
 def accuracy_counts(output, target, ks=(1, 5)):
@@ -586,8 +688,8 @@ def train(loader, model, optimizer, scaler, epoch, ctx):
         target = target.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.float16 if ctx["amp"] == "fp16" else torch.bfloat16,
                             enabled=ctx["amp"] != "off"):
-            output = model(images)
-            loss = F.cross_entropy(output, target)
+            output, aux = main_and_aux_outputs(model(images))
+            loss = F.cross_entropy(output, target) + sum(w * F.cross_entropy(a, target) for w, a in aux)
         optimizer.zero_grad()  # sets the gradients to None (torch >= 2.0): no memset
         scaler.scale(loss).backward()
         scaler.step(optimizer)

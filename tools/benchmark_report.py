@@ -26,6 +26,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -47,8 +48,9 @@ DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
 # Peak TFLOP/s of one GPU for MFU: dense (no 2:4 sparsity) bf16/fp16 tensor-core figures
 # from NVIDIA's data sheets (the "with sparsity" figures are twice these), as nanoGPT uses
 # (312 for an A100). Runs in fp32 (the distributed and dataparallel backends) are measured
-# against the same peak, as in nanoGPT, so their MFU is low by design. Entries: (substring of
-# the upper-cased nvidia-smi name, TFLOP/s); the first match wins. Names containing NVL (H100
+# against the same peak, as in nanoGPT, so their MFU is low by design. Entries: (words found in
+# a row among the nvidia-smi name's words, upper-cased, split at anything but letters and digits,
+# TFLOP/s); the first match wins. Names containing NVL (H100
 # NVL, H200 NVL: lower clocks and power) match none: set PEAK_TFLOPS for those and any GPU
 # not listed.
 GPU_PEAK_TFLOPS = [
@@ -57,6 +59,7 @@ GPU_PEAK_TFLOPS = [
     ("H100 80GB HBM3", 989.0),  # what nvidia-smi calls the H100 SXM5
     ("H100", 989.0),  # other H100 names: the SXM figure
     ("H200", 989.0),
+    ("GH200", 989.0),  # Grace Hopper: its H100 GPU
     ("A100", 312.0),  # SXM and PCIe alike
     ("L40S", 362.0),
     ("V100", 125.0),  # SXM2; the V100 PCIe's figure is 112
@@ -161,10 +164,14 @@ def machine_info():
 
 def gpu_peak_tflops(name):
     """Dense bf16/fp16 peak TFLOP/s of one GPU from its nvidia-smi name; None when not in GPU_PEAK_TFLOPS."""
-    upper = name.upper()
-    if "NVL" in upper:
+    words = re.findall(r"[A-Z0-9]+", name.upper())  # "NVIDIA A100-SXM4-80GB" -> NVIDIA A100 SXM4 80GB
+    if "NVL" in words:
         return None
-    return next((peak for key, peak in GPU_PEAK_TFLOPS if key in upper), None)
+
+    def holds(key):  # the key's words, in a row: "A100" is in "A100-SXM4", not in "RTX A1000"
+        k = key.split()
+        return any(words[i:i + len(k)] == k for i in range(len(words)))
+    return next((peak for key, peak in GPU_PEAK_TFLOPS if holds(key)), None)
 
 
 def nvidia_smi_gpus():

@@ -5,7 +5,8 @@
     python tools/make_demo_data.py --out /tmp/d --classes 7 --val-images 101
 
 Layout is ImageFolder's, as for ImageNet: <out>/train/<class>/*.JPEG and
-<out>/val/<class>/*.JPEG. Each class has its own colour and shape drawn at a random
+<out>/val/<class>/*.JPEG, plus <out>/DEMO_DATA.txt, which tells the training scripts to use
+their demo settings instead of the ImageNet recipe. Each class has its own colour and shape drawn at a random
 place, size and rotation on a noisy background, at varied image sizes, so the classes
 are easy to tell apart yet a network still has to learn something: a ResNet-18 on a
 2-core CPU gets well above chance within a few epochs. The same --seed writes the
@@ -111,6 +112,9 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed)
     write_split(args.out, "train", per_class(train, args.classes), args.classes, rng)
     write_split(args.out, "val", per_class(val, args.classes), args.classes, rng)
+    with open(os.path.join(args.out, "DEMO_DATA.txt"), "w") as f:  # the training scripts look for this name
+        f.write("Demo data made by tools/make_demo_data.py. The training scripts use their few-minute demo\n"
+                "settings on this folder (global batch 32, 3 epochs, 2 loader workers), not ImageNet's.\n")
     print(f"wrote {train} training and {val} validation images in {args.classes} classes to {args.out}")
     return 0
 
