@@ -48,7 +48,13 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
         assert float(rows[name]["train_tflops"]) == pytest.approx(float(rows[name]["images_per_s"]) * flops / 1e12,
                                                                   rel=0.01)
         assert rows[name]["mfu_pct"] == ""
+    # the loader columns: one loader process's images/s per core on DATA, and the cores each run needs
+    loader = float(rows["distributed"]["loader_images_per_core_s"])
+    assert loader > 0 and float(rows["dataparallel"]["loader_images_per_core_s"]) == loader
+    assert float(rows["distributed"]["loader_cores_needed"]) == pytest.approx(
+        float(rows["distributed"]["images_per_s"]) / loader, rel=0.02)
     md = (out / "benchmark.md").read_text()
+    assert "loader img/s per core" in md
     assert "| dataparallel |" in md and "horovod" in md and "distributed / dataparallel" in md
     assert "| model TFLOP/s | MFU % |" in md and "PEAK_TFLOPS" in md
     with Image.open(out / "benchmark.png") as png:
