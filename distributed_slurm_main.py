@@ -405,7 +405,7 @@ def list_images(folder):
     key = hashlib.sha1(json.dumps(["v2", os.path.realpath(folder), stamp]).encode()).hexdigest()[:16]
     name = f"index-{os.path.basename(os.path.realpath(folder))}-{key}.npz"
     for cache_dir in cache_dirs(folder):
-        with contextlib.suppress(OSError, ValueError, KeyError, EOFError):  # absent or unreadable: list again
+        with contextlib.suppress(Exception):  # absent, damaged or of another format: list again
             with np.load(os.path.join(cache_dir, name)) as z:
                 if str(z["key"]) == key:
                     return {k: z[k] for k in ("paths", "offsets", "targets", "classes")}, cache_dir
