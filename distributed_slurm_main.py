@@ -18,6 +18,7 @@ import datetime
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import resource
@@ -34,8 +35,9 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.data
+import torchvision
 import torchvision.models as models
-import torchvision.transforms as T
+import torchvision.transforms.v2.functional as TF
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 
 SCRIPT = os.path.basename(__file__)
@@ -347,62 +349,170 @@ def local_rank0_first(local_rank):
 
 
 class ImageList(torch.utils.data.Dataset):
-    """ImageFolder from a list of (path, class) pairs: listing ImageNet's 1.3M files takes a
-    while, so one process per node lists them and caches the list for the others."""
+    """ImageFolder from a packed list of samples (see list_images). The paths are one numpy
+    byte array with offsets, not a list of Python strings: 1.28M of them take ~50 MB, and a
+    forked loader worker reading them writes to none of their pages (a Python object's page is
+    written, so copied, whenever its reference count changes), so workers stay small."""
 
-    def __init__(self, samples, transform):
-        self.samples, self.transform = samples, transform
+    def __init__(self, root, samples, transform):
+        self.root, self.transform = root, transform
+        self.paths, self.offsets, self.targets = samples["paths"], samples["offsets"], samples["targets"]
 
     def __len__(self):
-        return len(self.samples)
+        return len(self.targets)
 
-    def __getitem__(self, i):
-        path, target = self.samples[i]
+    def path(self, i):
+        return os.path.join(self.root, self.paths[self.offsets[i]:self.offsets[i + 1]].tobytes().decode())
+
+    def __getitem__(self, item):
+        i, seed = item if isinstance(item, tuple) else (item, None)  # (index, seed) from SeededSampler
+        path = self.path(i)
         try:
-            image = default_loader(path)
+            image = read_image(path)
         except Exception as e:
-            raise UserError(f"cannot read image {path}: {e}") from None
-        return self.transform(image), target
+            raise UserError(f"cannot read image {path}: {str(e).strip().splitlines()[-1]}") from None
+        # a generator per sample: its augmentation depends on the epoch's seed and the index only,
+        # not on which (persistent) loader worker reads it or what that worker read before
+        generator = None if seed is None else torch.Generator().manual_seed((seed * 2**32 + i) % 2**63)
+        return self.transform(image, generator), int(self.targets[i])
 
 
-def list_images(folder, cache_dir):
-    """Returns [(path, class index)] for an ImageFolder tree and whether the cache served it.
-    The cache key holds the class folders' modification times, which change when files are
-    added or removed, so a changed dataset is listed again."""
+def read_image(path):
+    """RGB uint8 tensor (3, H, W). torchvision's libjpeg-turbo decoder into a tensor, then
+    transforms on uint8 tensors, is faster than PIL (tools/loader_bench.py measures it); PIL
+    reads what torchvision cannot (grayscale, CMYK and PNG are torchvision's too)."""
+    data = torchvision.io.read_file(path)
+    try:
+        return torchvision.io.decode_image(data, mode=torchvision.io.ImageReadMode.RGB)
+    except RuntimeError:
+        return TF.pil_to_tensor(default_loader(path))
+
+
+class TrainTransform:
+    """RandomResizedCrop (scale 0.08-1, aspect ratio 3/4-4/3, bilinear with antialiasing),
+    horizontal flip with probability 1/2, then normalize: torchvision's ImageNet recipe, on a
+    uint8 tensor, drawing from the sample's own generator."""
+
+    def __init__(self, size, mean, std):
+        self.size, self.mean, self.std = size, torch.tensor(mean).view(3, 1, 1), torch.tensor(std).view(3, 1, 1)
+
+    def crop_box(self, height, width, generator):
+        area, log_ratio = height * width, (math.log(3 / 4), math.log(4 / 3))
+        for _ in range(10):
+            target = area * (0.08 + 0.92 * torch.rand(1, generator=generator).item())
+            ratio = math.exp(log_ratio[0] + (log_ratio[1] - log_ratio[0]) * torch.rand(1, generator=generator).item())
+            w, h = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(torch.randint(0, height - h + 1, (1,), generator=generator))
+                left = int(torch.randint(0, width - w + 1, (1,), generator=generator))
+                return top, left, h, w
+        # ten misses: the largest centred crop within the ratio range
+        w, h = min(width, int(round(height * 4 / 3))), min(height, int(round(width * 4 / 3)))
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def __call__(self, image, generator=None):
+        top, left, h, w = self.crop_box(image.shape[-2], image.shape[-1], generator)
+        image = TF.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)
+        if torch.rand(1, generator=generator).item() < 0.5:
+            image = TF.horizontal_flip(image)
+        return TF.to_dtype(image, torch.float32, scale=True).sub_(self.mean).div_(self.std)
+
+
+class ValTransform(TrainTransform):
+    """Resize the shorter side to size * 256/224, centre crop, normalize (ImageNet's evaluation)."""
+
+    def __call__(self, image, generator=None):
+        image = TF.resize(image, [int(self.size * 256 / 224)], antialias=True)
+        image = TF.center_crop(image, [self.size, self.size])
+        return TF.to_dtype(image, torch.float32, scale=True).sub_(self.mean).div_(self.std)
+
+
+def pack_samples(paths, targets, classes):
+    """Relative paths (str) and class indices -> the packed arrays ImageList reads."""
+    encoded = [p.encode() for p in paths]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return dict(paths=np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets=offsets,
+                targets=np.asarray(targets, dtype=np.int16 if len(classes) < 2**15 else np.int32),
+                classes=np.asarray(classes, dtype=str))
+
+
+def cache_dirs(folder):
+    """Where image lists are cached: next to the data (DATA/.image-lists), where every job on
+    the same data finds them, or, where the data folder is read-only, in the user's cache."""
+    home = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytorch-distributed")
+    return [os.path.join(os.path.dirname(os.path.realpath(folder)), ".image-lists"), home]
+
+
+def list_images(folder):
+    """Returns the packed sample list of an ImageFolder tree (pack_samples) and where it was read
+    from (None: listed now). The cache file's name holds a key of the folder's real path and each
+    class folder's name and modification time, which changes when files are added, removed or
+    renamed there, so a changed data set is never served from an old list. The file is written
+    by atomic rename: several jobs on several nodes may write it at once, the last one wins, and
+    a reader sees a whole file or none."""
     classes = sorted(d.name for d in os.scandir(folder) if d.is_dir())
     stamp = [(c, os.stat(os.path.join(folder, c)).st_mtime_ns) for c in classes]
-    key = hashlib.sha1(json.dumps([os.path.realpath(folder), stamp]).encode()).hexdigest()[:16]
-    cache = os.path.join(cache_dir, f"index-{os.path.basename(folder)}-{key}.json")
-    if os.path.isfile(cache):
-        with open(cache) as f:
-            return [tuple(s) for s in json.load(f)], True
-    samples = []
+    key = hashlib.sha1(json.dumps(["v2", os.path.realpath(folder), stamp]).encode()).hexdigest()[:16]
+    name = f"index-{os.path.basename(os.path.realpath(folder))}-{key}.npz"
+    for cache_dir in cache_dirs(folder):
+        with contextlib.suppress(Exception):  # absent, damaged or of another format: list again
+            with np.load(os.path.join(cache_dir, name)) as z:
+                if str(z["key"]) == key:
+                    return {k: z[k] for k in ("paths", "offsets", "targets", "classes")}, cache_dir
+    paths, targets = [], []
     for target, c in enumerate(classes):
         for dirpath, _, files in sorted(os.walk(os.path.join(folder, c), followlinks=True)):
-            samples += [(os.path.join(dirpath, f), target) for f in sorted(files) if f.lower().endswith(IMG_EXTENSIONS)]
-    if not samples:
+            rel = os.path.relpath(dirpath, folder)
+            paths += [os.path.join(rel, f) for f in sorted(files) if f.lower().endswith(IMG_EXTENSIONS)]
+            targets += [target] * (len(paths) - len(targets))
+    if not paths:
         raise UserError(f"{folder} has no images ({', '.join(IMG_EXTENSIONS[:3])}, ...)")
-    atomic_write(cache, lambda f: f.write(json.dumps(samples).encode()))
-    return samples, False
+    samples = pack_samples(paths, targets, classes)
+    for cache_dir in cache_dirs(folder):
+        try:
+            atomic_write(os.path.join(cache_dir, name), lambda f: np.savez(f, key=np.asarray(key), **samples))
+            break
+        except OSError:  # a read-only data folder: try the next place
+            continue
+    return samples, None
 
 
 def build_datasets(args, local_rank, rank):
-    normalize = T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-    resize = int(args.image_size * 256 / 224)
-    val_tf = T.Compose([T.Resize(resize), T.CenterCrop(args.image_size), T.ToTensor(), normalize])
-    train_tf = T.Compose([T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    val_tf, train_tf = ValTransform(args.image_size, mean, std), TrainTransform(args.image_size, mean, std)
     if args.dummy:
         train = FakeData(1280, args.image_size, 1000)
         return train, FakeData(256, args.image_size, 1000), 1000, ""
     with local_rank0_first(local_rank):
-        cache_dir = os.path.join(args.output_dir, "cache")
-        train_samples, hit = list_images(os.path.join(args.data, "train"), cache_dir)
-        val_samples, _ = list_images(os.path.join(args.data, "val"), cache_dir)
-    note = (f"rank {rank}: {'read the image lists from ' + cache_dir if hit else 'listed the images'}: "
-            f"{len(train_samples)} train, {len(val_samples)} val") if not hit or rank == 0 else ""
-    num_classes = 1 + max(t for _, t in train_samples)
-    train_set = ImageList(train_samples, train_tf if args.augment else val_tf)
-    return train_set, ImageList(val_samples, val_tf), num_classes, note
+        train_samples, cache_dir = list_images(os.path.join(args.data, "train"))
+        val_samples, _ = list_images(os.path.join(args.data, "val"))
+    n_train, n_val = len(train_samples["targets"]), len(val_samples["targets"])
+    note = (f"rank {rank}: {'read the image lists from ' + cache_dir if cache_dir else 'listed the images'}: "
+            f"{n_train} train, {n_val} val") if not cache_dir or rank == 0 else ""
+    num_classes = len(train_samples["classes"])
+    train_set = ImageList(os.path.join(args.data, "train"), train_samples, train_tf if args.augment else val_tf)
+    return train_set, ImageList(os.path.join(args.data, "val"), val_samples, val_tf), num_classes, note
+
+
+class SeededSampler(torch.utils.data.Sampler):
+    """Yields (index, seed) pairs from a DistributedSampler: the seed is the epoch's (epoch_seed),
+    and ImageList draws each sample's augmentation from (seed, index). Loader workers persist
+    across epochs, so their own RNGs are not re-seeded each epoch; this way a run resumed at an
+    epoch boundary still draws what the uninterrupted run drew, whatever the number of workers."""
+
+    def __init__(self, sampler, seed_of_epoch):
+        self.sampler, self.seed_of_epoch = sampler, seed_of_epoch
+
+    def __iter__(self):
+        seed = self.seed_of_epoch(self.sampler.epoch)
+        return ((i, seed) for i in self.sampler)
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def set_epoch(self, epoch):
+        self.sampler.set_epoch(epoch)
 
 
 class FakeData(torch.utils.data.Dataset):
@@ -414,7 +524,8 @@ class FakeData(torch.utils.data.Dataset):
     def __len__(self):
         return self.n
 
-    def __getitem__(self, i):
+    def __getitem__(self, item):
+        i = item[0] if isinstance(item, tuple) else item
         g = torch.Generator().manual_seed(i)
         return torch.randn(3, self.size, self.size, generator=g), i % self.num_classes
 
@@ -423,17 +534,18 @@ def build_loaders(train_set, val_set, args, rank, world_size, device):
     # Each process gets its own shard of every global batch. The training sampler shuffles
     # with the same seed on every rank, so the ranks' shards of a step together are the
     # batch one process would see: the run does not depend on the number of processes.
-    train_sampler = torch.utils.data.distributed.DistributedSampler(
-        train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
+    train_sampler = SeededSampler(torch.utils.data.distributed.DistributedSampler(
+        train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed, drop_last=True),
+        lambda epoch: epoch_seed(args, rank, epoch))
     # Validation: rank r takes images r, r+W, r+2W, ... without padding, so each image is
     # counted exactly once (DistributedSampler would repeat some to even out the shards).
     val_indices = list(range(rank, len(val_set), world_size))
     per_process = args.batch_size // world_size
     # Loader workers are forked, as torchrun's processes do by default: a process started by
-    # mp.spawn would spawn them too, re-importing torch in each at every epoch.
+    # mp.spawn would spawn them too, re-importing torch in each. They persist across epochs.
     fork = args.workers > 0 and "fork" in torch.multiprocessing.get_all_start_methods()
     common = dict(batch_size=per_process, num_workers=args.workers, pin_memory=device.type == "cuda",
-                  multiprocessing_context="fork" if fork else None)
+                  multiprocessing_context="fork" if fork else None, persistent_workers=args.workers > 0)
     train_loader = torch.utils.data.DataLoader(train_set, sampler=train_sampler, drop_last=True, **common)
     val_loader = torch.utils.data.DataLoader(val_set, sampler=val_indices, **common)
     return train_loader, train_sampler, val_loader

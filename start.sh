@@ -26,6 +26,13 @@ made if absent), EPOCHS=1, WORKERS=1 loader process per training process, PROCS=
 processes x (nproc / PROCS) threads for the multi-process backends, one process x nproc
 threads for dataparallel. A full run takes about 5 minutes on 2 cores.
 
+ImageNet-shaped data: DATA=data/imagenet-shaped bash $PROG makes it if absent (1000 classes,
+20 training and 5 validation JPEGs per class, ImageNet's image and file sizes; a few minutes
+on 2 cores; tools/make_demo_data.py --imagenet). On CPU, IMAGE_SIZE=64 keeps an epoch short.
+Before the runs, tools/loader_bench.py --quick times one loader process on DATA; the table's
+"loader img/s per core" column shows it, and "loader cores needed" the cores each run's loader
+workers need in all to keep up (divide by the GPUs for cores per GPU).
+
 GPU nodes: DATA=/path/to/imagenet GPUS=0,1,2,3 bash $PROG
   one process per GPU (DataParallel: one process driving all of them), nccl; defaults
   ResNet-18, 224 px, global batch 256 (64 per GPU with 4 GPUs), EPOCHS=1,
@@ -121,7 +128,15 @@ if [[ $DATA == data/demo && ! -d data/demo ]]; then
     echo "$PROG: creating the demo data set in data/demo"
     "$PYTHON" tools/make_demo_data.py --out data/demo
 fi
+if [[ $DATA == data/imagenet-shaped && ! -d data/imagenet-shaped ]]; then
+    echo "$PROG: creating the ImageNet-shaped data set in data/imagenet-shaped (a few minutes)"
+    "$PYTHON" tools/make_demo_data.py --imagenet --out data/imagenet-shaped --train-images 20000 --val-images 5000
+fi
 [[ -d $DATA ]] || die "data folder $DATA does not exist"
+# one loader process's images/s per core on this data: the scripts' decode + training transform
+LOADER_IPS=$("$PYTHON" -W ignore tools/loader_bench.py --data "$DATA" --paths tv --quick --images 200 --rounds 1 \
+             --image-size "$IMAGE_SIZE" 2>/dev/null) || LOADER_IPS=""
+[[ $LOADER_IPS =~ ^[0-9]+$ ]] || LOADER_IPS=""
 
 RUNS=$RESULTS/runs
 rm -rf -- "$RUNS"
@@ -227,6 +242,7 @@ else
 fi
 echo "$PROG: $CONFIG"
 echo "$PROG: load average before: $LOAD_BEFORE; logs in $RUNS/"
+echo "$PROG: data loader: ${LOADER_IPS:-?} images/s per core on $DATA (tools/loader_bench.py --quick)"
 if awk -v l="${LOAD_BEFORE%% *}" -v c="$CORES" 'BEGIN { exit !(l > c / 2) }'; then
     echo "$PROG: warning: the machine is busy (load ${LOAD_BEFORE%% *} on $CORES cores): other processes' CPU use" \
          "will lower and skew images/s; the 'images per core-s' column is less sensitive to it" >&2
@@ -287,5 +303,5 @@ echo "$PROG: all runs took ${WALL}s; load average after: $LOAD_AFTER"
 "$PYTHON" tools/benchmark_report.py --results "$RESULTS" --wall "$WALL" --config "$CONFIG" \
     --arch "$ARCH" --image-size "$IMAGE_SIZE" \
     --command "${START_COMMAND:-$CMDLINE}" --title "$( [[ $MODE == gpu ]] && echo "GPU ($GPUS)" || echo "CPU ($CORES cores)")" \
-    --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER"
+    --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" ${LOADER_IPS:+--loader-ips "$LOADER_IPS"}
 exit "$FAILED"

@@ -53,7 +53,13 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
         gflops = peak["peak_gflops"]["fp32"][r["threads_per_process"]]
         assert float(r["peak_tflops"]) == pytest.approx(int(r["processes"]) * gflops / 1000, rel=0.01)
         assert float(r["mfu_pct"]) == pytest.approx(100 * tflops / float(r["peak_tflops"]), rel=0.02)
+    # the loader columns: one loader process's images/s per core on DATA, and the cores each run needs
+    loader = float(rows["distributed"]["loader_images_per_core_s"])
+    assert loader > 0 and float(rows["dataparallel"]["loader_images_per_core_s"]) == loader
+    assert float(rows["distributed"]["loader_cores_needed"]) == pytest.approx(
+        float(rows["distributed"]["images_per_s"]) / loader, rel=0.02)
     md = (out / "benchmark.md").read_text()
+    assert "loader img/s per core" in md
     assert "| dataparallel |" in md and "horovod" in md and "distributed / dataparallel" in md
     assert "| model TFLOP/s | MFU % |" in md and "GFLOP/s measured fp32 matmul" in md
     assert f"- CPU capability: {peak['capability']}, native bf16: " in md and "GFLOP/s at 1 thread(s)" in md

@@ -68,6 +68,7 @@ GPU_PEAK_TFLOPS = [
 COLUMNS = ["backend", "launcher", "status", "processes", "threads_per_process", "gpus", "images_per_s",
            "train_tflops", "mfu_pct", "peak_tflops", "epoch_time_s", "val_acc1", "peak_memory_rank0_mb",
            "peak_rss_tree_mb", "mean_util", "util_kind", "images_per_core_s", "data_wait_pct", "wall_s", "note"]
+COLUMNS += ["loader_images_per_core_s", "loader_cores_needed"]
 
 
 def read_manifest(path):
@@ -286,6 +287,16 @@ def summarise(results):
     return rows
 
 
+def add_loader(rows, loader_ips):
+    """loader_ips: images/s one loader process decodes and augments per CPU core (tools/loader_bench.py
+    --quick on the run's data); loader cores needed: a run's images/s over it, all processes together."""
+    for r in rows:
+        r["loader_images_per_core_s"] = loader_ips
+        r["loader_cores_needed"] = (r["images_per_s"] / loader_ips
+                                    if loader_ips and r.get("images_per_s") and r["status"] == "ok" else None)
+    return rows
+
+
 def check_bars(rows, native_mixed_precision):
     """native_mixed_precision: whether the hardware runs bf16 (CPU) or fp16/bf16 (GPU) natively."""
     by = {r["backend"]: r for r in rows if r["status"] == "ok"}
@@ -331,7 +342,7 @@ def fmt_tflops(x):
 
 
 def write_csv(rows, path):
-    digits = {"train_tflops": 4, "mfu_pct": 3, "peak_tflops": 4}
+    digits = {"train_tflops": 4, "mfu_pct": 3, "peak_tflops": 4, "loader_cores_needed": 4}
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(COLUMNS)
@@ -376,14 +387,16 @@ def write_md(rows, checks, info, args, path):
              "", "## Results", "",
              "| backend | launcher | processes | threads/proc | GPUs | images/s | model TFLOP/s | MFU % | "
              "epoch time (s) | val Acc@1 | "
-             f"peak mem rank 0 (MiB) | peak RSS tree (MiB) | {util_head} | images per core-s | data wait % |",
-             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             f"peak mem rank 0 (MiB) | peak RSS tree (MiB) | {util_head} | images per core-s | data wait % |"
+             " loader img/s per core | loader cores needed |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in ok_rows:
         lines.append(f"| {r['backend']} | {r['launcher']} | {r['processes']} | {r['threads_per_process']} | {r['gpus']} | "
                      f"{fmt(r['images_per_s'])} | {fmt_tflops(r['train_tflops'])} | {fmt(r['mfu_pct'], 2)} | "
                      f"{fmt(r['epoch_time_s'])} | {fmt(r['val_acc1'])} | "
                      f"{fmt(r['peak_memory_rank0_mb'], 0)} | {fmt(r['peak_rss_tree_mb'], 0)} | {fmt(r['mean_util'], 0)} | "
-                     f"{fmt(r['images_per_core_s'])} | {fmt(r['data_wait_pct'])} |")
+                     f"{fmt(r['images_per_core_s'])} | {fmt(r['data_wait_pct'])} | "
+                     f"{fmt(r.get('loader_images_per_core_s'), 0)} | {fmt(r.get('loader_cores_needed'), 2)} |")
     others = [r for r in rows if r["status"] != "ok"]
     if others:
         lines += ["", "Not run or failed:", ""]
@@ -398,7 +411,11 @@ def write_md(rows, checks, info, args, path):
               f"{util_head}: mean over the whole run (start-up and validation included). "
               "images per core-s: images/s divided by mean CPU % / 100, a rough contention-independent "
               "efficiency (CPU time other users take from the run lowers images/s but not this). "
-              "data wait: share of the epoch the training loop waited for the data loader (rank 0).",
+              "data wait: share of the epoch the training loop waited for the data loader (rank 0). "
+              "loader img/s per core: JPEGs of the run's data that one loader process decodes and augments "
+              "(training transform) per CPU second, the scripts' own code, timed by tools/loader_bench.py "
+              "--quick before the runs; loader cores needed: images/s over it, the CPU cores the run's "
+              "loader workers need in all to keep up (divide by the GPUs for cores per GPU).",
               "", mfu_notes(ok_rows, info.get("model")),
               "", "## Performance bars", "", "| check | what | bar | measured | result |", "|---|---|---|---|---|"]
     for c in checks:
@@ -523,6 +540,8 @@ def main():
     p.add_argument("--arch", default=None, help="model of the runs (default: what their metrics.jsonl say)")
     p.add_argument("--image-size", type=int, default=None,
                    help="training image size (default: the runs' --image-size, else 224)")
+    p.add_argument("--loader-ips", type=float, default=None,
+                   help="loader images/s per core on the runs' data (tools/loader_bench.py --quick), for the loader columns")
     p.add_argument("--peak-tflops", type=float, default=os.environ.get("PEAK_TFLOPS") or None,
                    help="peak TFLOP/s of the hardware a run uses, total (default: env PEAK_TFLOPS; for GPU runs, "
                         "else the table of dense bf16 peaks by nvidia-smi name; on CPU, none: MFU left blank)")
@@ -546,17 +565,19 @@ def main():
             info["model"]["error"] = f"counting {arch} at {image_size} px failed: {type(e).__name__}: {e}"
             print(f"{sys.argv[0]}: warning: {info['model']['error']}", file=sys.stderr)
     add_mfu(rows, info["model"]["flops"], args.peak_tflops, cpu_peak=cpu_peak)
+    add_loader(rows, args.loader_ips)
     write_csv(rows, os.path.join(args.results, "benchmark.csv"))
     write_md(rows, checks, info, args, os.path.join(args.results, "benchmark.md"))
     write_png(rows, checks, info, args, os.path.join(args.results, "benchmark.png"))
     print(f"{'backend':<20} {'procs x thr':>11} {'images/s':>9} {'TFLOP/s':>8} {'MFU %':>6} {'epoch s':>8} "
-          f"{'Acc@1':>6} {'wait %':>7}")
+          f"{'Acc@1':>6} {'wait %':>7} {'loader/core':>11} {'loader cores':>12}")
     for r in rows:
         if r["status"] == "ok":
             shape = f"{r['processes']}x{r['threads_per_process'] if r['gpus'] in ('', '-') else r['gpus']}"
             print(f"{r['backend']:<20} {shape:>11} {fmt(r['images_per_s']):>9} {fmt_tflops(r['train_tflops']):>8} "
                   f"{fmt(r['mfu_pct'], 2):>6} {fmt(r['epoch_time_s']):>8} "
-                  f"{fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7}")
+                  f"{fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7} "
+                  f"{fmt(r['loader_images_per_core_s'], 0):>11} {fmt(r['loader_cores_needed'], 2):>12}")
         else:
             print(f"{r['backend']:<20} {r['status']}: {r['note']}")
     for c in checks:
