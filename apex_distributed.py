@@ -500,7 +500,8 @@ def load_checkpoint(path, model, optimizer, scaler, args, num_classes):
                         f"not --arch {args.arch} with {num_classes}")
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
-    scaler.load_state_dict(ckpt["scaler"])
+    if ckpt["scaler"]:  # empty when saved without fp16: a run resumed in fp16 starts with a fresh scale
+        scaler.load_state_dict(ckpt["scaler"])
     return ckpt["epoch"], ckpt["best_acc1"]
 
 
