@@ -73,7 +73,8 @@ def build_parser():
     p.add_argument("-e", "--evaluate", action="store_true", help="only evaluate on val/")
     p.add_argument("--pretrained", action="store_true", help="start from torchvision's weights (downloads them)")
     p.add_argument("--seed", type=int, default=0, help="process r seeds its RNGs with seed + r")
-    p.add_argument("--deterministic", action="store_true", help="deterministic kernels (slower)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels where PyTorch has them (slower); the others warn once")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--no-augment", dest="augment", action="store_false",
                    help="train on centre crops, without random crops and flips")
@@ -90,6 +91,9 @@ def build_parser():
     p.add_argument("--fp64", action="store_true",
                    help="train in float64 (slow): N processes then match one process to ~1e-12, whatever the "
                         "kernels' summation order, which checks the parallel math itself")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model; the first steps compile it: their time is logged as compile_s, "
+                        "apart from images/s")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per process (default: PyTorch's)")
     p.add_argument("--dist-backend", default=None, help="nccl with CUDA, else gloo")
     p.add_argument("--dist-timeout", type=float, default=1800, help="seconds before a stuck collective fails")
@@ -698,9 +702,9 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
     args.amp, args.channels_last, why = choose_precision(args, device)
     amp = args.amp
     seed_all(args.seed + rank)  # ranks draw different augmentations, reproducibly
-    if args.deterministic:  # cuBLAS is deterministic only with this workspace setting (else torch refuses)
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+    if args.deterministic:  # cuBLAS needs a fixed workspace; some CUDA backward kernels (adaptive average
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # pooling) have no deterministic version:
+        torch.use_deterministic_algorithms(True, warn_only=True)  # they warn instead of stopping the run
     torch.backends.cudnn.benchmark = not args.deterministic
     os.makedirs(args.output_dir, exist_ok=True)
     train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
@@ -717,8 +721,9 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
     if args.sync_bn:
         model = sync_batchnorm(model)
     model.to(device, dtype, memory_format=memory_format)
+    fused = device.type == "cuda" or None  # one kernel for all parameters; GradScaler then checks infs without a sync
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
-                                fused=device.type == "cuda" or None)  # one kernel on GPUs; CPU: PyTorch's default
+                                fused=fused)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
     start_epoch, best_acc1 = args.start_epoch, 0.0
     resume = args.resume
@@ -726,14 +731,18 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         resume = os.path.join(args.output_dir, "checkpoint.pth.tar")
     if resume:
         start_epoch, best_acc1 = load_checkpoint(resume, model, optimizer, scaler, args, num_classes)
+        for group in optimizer.param_groups:  # the checkpoint's setting came from the device that saved it
+            group["fused"] = fused
     bare_model = model
+    if args.compile:  # the inner model, before the backend wraps it (PyTorch's advice for DDP); validation
+        model = torch.compile(model)  # and checkpoints use the bare model: eval mode would compile again
     model, optimizer = distribute(model, optimizer, args, device)
     eval_model = model if isinstance(model, nn.DataParallel) else bare_model  # DDP's forward would sync buffers
     if rank == 0:
         opt = type(optimizer)
-        fused = " (fused)" if optimizer.defaults.get("fused") else ""
+        fused_note = " (fused)" if optimizer.defaults.get("fused") else ""
         print(f"{SCRIPT}: amp: {amp if amp != 'off' else 'fp64' if args.fp64 else 'fp32'} ({why}), "
-              f"channels_last {'on' if args.channels_last else 'off'}, optimizer {opt.__module__}.{opt.__name__}{fused}; "
+              f"channels_last {'on' if args.channels_last else 'off'}, optimizer {opt.__module__}.{opt.__name__}{fused_note}; "
               f"batch {args.batch_size // world_size} per process, {args.epochs} epochs, lr {args.lr:g} "
               f"(/10 every {args.lr_step} epochs), weight decay {args.weight_decay:g}, {args.workers} loader "
               f"workers per process ({'demo settings' if args.demo else 'ImageNet recipe'})", flush=True)
@@ -839,12 +848,17 @@ def train(loader, model, optimizer, scaler, epoch, ctx):
     total = all_reduce_sum(sums.clone()).tolist()
     timed = elapsed if t_warm is None else time.perf_counter() - t_warm
     timed_images = total[2] - (0 if t_warm is None else warm_images * ctx["world_size"])
+    # the warm-up steps hold the compilation: their time beyond that of as many ordinary steps
+    warm_s = 0.0 if t_warm is None else t_warm - t_start
+    compile_s = max(0.0, warm_s - warmup * timed / max(len(loader) - warmup, 1)) if args.compile else None
+    if args.compile and rank == 0:
+        print(f"compile: {compile_s:.1f} s in the first {warmup} step(s), left out of images/s", flush=True)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if device.type == "cuda":
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
     return dict(train_loss=total[0] / total[2], train_acc1=100 * total[1] / total[2],
                 train_images_per_s=timed_images / timed, epoch_time_s=elapsed,
-                data_wait_frac=data_time / elapsed, peak_memory_mb=peak_mb)
+                data_wait_frac=data_time / elapsed, peak_memory_mb=peak_mb, warmup_s=warm_s, compile_s=compile_s)
 
 
 @torch.no_grad()

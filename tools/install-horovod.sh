@@ -27,6 +27,7 @@ Environment:
   PYTHON                 interpreter whose environment receives Horovod
   HOROVOD_WHEEL_CACHE    wheel cache dir (default: ~/.cache/pytorch-distributed/wheels)
   HOROVOD_VERSION        Horovod release to build (default: 0.28.1)
+  HOROVOD_SDIST          path to horovod-VERSION.tar.gz to build instead of downloading it
   HOROVOD_WITH_MPI / HOROVOD_WITHOUT_MPI / HOROVOD_GPU_OPERATIONS /
   CUDA_HOME / HOROVOD_CUDA_HOME
                          honoured if set; otherwise chosen from what this
@@ -145,9 +146,14 @@ else
     WORK="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"
     trap 'rm -rf "$WORK"' EXIT
 
-    log "downloading horovod==$HOROVOD_VERSION sdist"
-    "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: \
-        "horovod==$HOROVOD_VERSION" -d "$WORK/dl"
+    if [[ -n ${HOROVOD_SDIST:-} ]]; then  # a machine without a package registry: the sdist carried there
+        [[ -f $HOROVOD_SDIST ]] || die "HOROVOD_SDIST=$HOROVOD_SDIST is not a file"
+        mkdir -p "$WORK/dl" && cp "$HOROVOD_SDIST" "$WORK/dl/horovod-$HOROVOD_VERSION.tar.gz"
+    else
+        log "downloading horovod==$HOROVOD_VERSION sdist"
+        "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: \
+            "horovod==$HOROVOD_VERSION" -d "$WORK/dl"
+    fi
     SDIST="$(compgen -G "$WORK/dl/horovod-$HOROVOD_VERSION.tar.gz" || true)"
     [[ -n "$SDIST" ]] || die "sdist not found after download: $(ls "$WORK/dl")"
     tar -xzf "$SDIST" -C "$WORK"
