@@ -194,10 +194,13 @@ def run(worker, *worker_args):
     except dist.DistError as e:  # a peer that never came, died, or a port in use: say so and leave
         print(f"{SCRIPT}: error: {type(e).__name__}: {str(e).strip().splitlines()[0]}", file=sys.stderr, flush=True)
         sys.exit(1)
-    except RuntimeError as e:  # gloo reports a peer that died as a plain RuntimeError
-        if "/gloo/" not in str(e):
+    except RuntimeError as e:  # gloo reports a peer that died or went silent as a plain RuntimeError
+        text = str(e)
+        if "/gloo/" not in text and "caused pair closure" not in text:  # the latter: a timeout on another thread
             raise
-        print(f"{SCRIPT}: error: lost another process (gloo): {gloo_message(str(e))}", file=sys.stderr, flush=True)
+        timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+        what = "no answer from another process within --dist-timeout" if timed_out else "lost another process"
+        print(f"{SCRIPT}: error: {what} (gloo): {gloo_message(text)}", file=sys.stderr, flush=True)
         sys.exit(1)
 
 
@@ -347,8 +350,10 @@ def build_datasets(args, local_rank, rank):
         cache_dir = os.path.join(args.output_dir, "cache")
         train_samples, hit = list_images(os.path.join(args.data, "train"), cache_dir)
         val_samples, _ = list_images(os.path.join(args.data, "val"), cache_dir)
-    note = (f"rank {rank}: {'read the image lists from ' + cache_dir if hit else 'listed the images'}: "
-            f"{len(train_samples)} train, {len(val_samples)} val") if not hit or rank == 0 else ""
+    # one line per node at least, naming the host: shows where the ranks of a multi-node job run
+    note = (f"rank {rank} on {socket.gethostname()}: "
+            f"{'read the image lists from ' + cache_dir if hit else 'listed the images'}: "
+            f"{len(train_samples)} train, {len(val_samples)} val") if not hit or local_rank == 0 else ""
     num_classes = 1 + max(t for _, t in train_samples)
     train_set = ImageList(train_samples, train_tf if args.augment else val_tf)
     return train_set, ImageList(val_samples, val_tf), num_classes, note
@@ -441,9 +446,9 @@ def choose_precision(args, device):
         amp, why = auto
     else:
         amp, why = args.amp, f"--amp {args.amp}"
-        if amp != "off" and not native[amp]:
-            print(f"{SCRIPT}: warning: --amp {amp} on hardware without native {amp} ({name}): expect it to run "
-                  f"much slower than fp32 (often 10x), as {amp} is emulated", file=sys.stderr, flush=True)
+    if amp != "off" and not native[amp]:
+        why += (f"; warning: {name} has no native {amp}, which is emulated there and runs much slower than fp32 "
+                "(often 10x)")
     channels_last = args.channels_last if args.channels_last is not None else amp != "off"
     return amp, channels_last, why
 
