@@ -407,9 +407,12 @@ cmd_up() {
         log "reconfiguring from $running node(s) to $NODES: stopping the running cluster"
         cmd_down
     fi
-    if ((NODES > 1)); then
-        bash "$HOSTS_SH" status >/dev/null 2>&1 && [[ $(bash "$HOSTS_SH" status | wc -l) == "$NODES" ]] ||
-            bash "$HOSTS_SH" up "$NODES"
+    if ((NODES > 1)); then  # the test hosts, unless they are there already (maybe more of them)
+        local have name
+        have=$(bash "$HOSTS_SH" status 2>/dev/null || true)
+        for name in $(node_names); do
+            grep -q "^$name: .*link up" <<<"$have" || { bash "$HOSTS_SH" up "$NODES"; break; }
+        done
     fi
     # Rewriting slurm.conf under running daemons would leave them on the old
     # view of the node, so only regenerate it when nothing is running.
