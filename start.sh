@@ -15,9 +15,11 @@ Usage: [VAR=value ...] bash $PROG [-h] [-o RESULTS_DIR] [-e EPOCHS] [-b BATCH] [
 Trains with each backend in turn, each under statistics.sh, and writes
 RESULTS_DIR/benchmark.csv, benchmark.md and benchmark.png (default RESULTS_DIR: results).
 Backends: dataparallel, distributed (torchrun), distributed-launch (python -m
-torch.distributed.launch), multiprocessing (mp.spawn), apex (torchrun, mixed precision
-+ channels_last), horovod (horovodrun, when horovod.torch imports), slurm (srun, when
-sinfo shows an idle node). Those that cannot run are listed with the reason.
+torch.distributed.launch), multiprocessing (mp.spawn), apex (torchrun, --amp auto: mixed
+precision + channels_last where the hardware runs it natively, else fp32), horovod
+(horovodrun, when horovod.torch imports), slurm (srun, when sinfo shows an idle node).
+Those that cannot run are listed with the reason. On CPU, tools/cpu_peak.py first measures
+the matmul peak, for the MFU column.
 
 CPU (default without GPUs): ResNet-18, 224 px, global batch 32, demo JPEGs (data/demo,
 made if absent), EPOCHS=1, WORKERS=1 loader process per training process, PROCS=2
@@ -40,7 +42,8 @@ Options and environment (flags win over environment):
   PYTHON (default: .venv/bin/python if present, else python3), TORCHRUN
   PEAK_TFLOPS   peak TFLOP/s of the hardware one run uses, in all, for the MFU column (default: on
                 GPUs, the dense bf16 tensor-core peak of the GPUs used, from a table by nvidia-smi
-                name, in tools/benchmark_report.py; on CPU none: MFU left blank, model TFLOP/s shown)
+                name, in tools/benchmark_report.py; on CPU, the matmul peak tools/cpu_peak.py
+                measures first, in the precision each run used)
 EOF
 }
 
@@ -228,6 +231,9 @@ if awk -v l="${LOAD_BEFORE%% *}" -v c="$CORES" 'BEGIN { exit !(l > c / 2) }'; th
     echo "$PROG: warning: the machine is busy (load ${LOAD_BEFORE%% *} on $CORES cores): other processes' CPU use" \
          "will lower and skew images/s; the 'images per core-s' column is less sensitive to it" >&2
 fi
+if [[ $MODE == cpu ]]; then  # the CPU's capability and matmul peak at the runs' thread counts, for MFU
+    "$PYTHON" tools/cpu_peak.py --threads "$THREADS,$DP_THREADS" --json "$RUNS/cpu_peak.json" | sed "s/^/$PROG: /"
+fi
 T0=$SECONDS
 
 DP_ARGS=()
@@ -237,7 +243,7 @@ wanted dataparallel && run_backend dataparallel "python dataparallel.py ($SHAPE_
 wanted distributed && run_backend distributed "torchrun distributed.py" "${MP_SHAPE[@]}" -- \
     "$TORCHRUN" --standalone --nproc_per_node="$PROCS" distributed.py "${COMMON[@]}" "${THREAD_ARGS[@]}"
 # apex right after dataparallel and distributed: the three runs the bars compare go first, back to back
-wanted apex && run_backend apex "torchrun apex_distributed.py (amp auto + channels_last)" "${MP_SHAPE[@]}" -- \
+wanted apex && run_backend apex "torchrun apex_distributed.py (--amp auto)" "${MP_SHAPE[@]}" -- \
     "$TORCHRUN" --standalone --nproc_per_node="$PROCS" apex_distributed.py "${COMMON[@]}" "${THREAD_ARGS[@]}"
 wanted distributed-launch && run_backend distributed-launch "python -m torch.distributed.launch distributed.py" \
     "${MP_SHAPE[@]}" -- "$PYTHON" -m torch.distributed.launch --nproc_per_node="$PROCS" --master_addr=127.0.0.1 \

@@ -14,8 +14,10 @@ MFU (model FLOPs utilization), as nanoGPT reports it: train_tflops = images/s x 
 FLOPs per image (forward + backward, counted by tools/model_flops.py for --arch at
 --image-size) / 1e12, all processes together; mfu_pct = 100 x train_tflops / peak, where the
 peak is PEAK_TFLOPS (--peak-tflops, the total for the run) or, for GPU runs, the sum over the
-GPUs used of GPU_PEAK_TFLOPS for their nvidia-smi names. On CPU without PEAK_TFLOPS, mfu_pct
-is left blank: there is no peak to divide by.
+GPUs used of GPU_PEAK_TFLOPS for their nvidia-smi names. On CPU the peak is measured:
+start.sh runs tools/cpu_peak.py first (RESULTS/runs/cpu_peak.json: the CPU's capability and
+its matmul GFLOP/s per thread count in fp32 and, where native, bf16), and a run of P
+processes x T threads in precision X is measured against P x peak_X(T).
 """
 import argparse
 import csv
@@ -31,9 +33,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_flops import train_flops_per_image  # noqa: E402
 
-# (name of the run under test, name of the baseline, minimum ratio, what it checks)
+# (name of the run under test, name of the baseline, minimum ratio, what it checks). The
+# mixed-precision bar depends on the hardware: where bf16 (or fp16 on GPUs) runs natively,
+# --amp auto must pay off; elsewhere it picks fp32 and must merely cost nothing.
+AMP_BAR_NATIVE, AMP_BAR_OTHER = 1.8, 0.95
 BARS = {
-    "amp": ("apex", "distributed", 2.0, "mixed precision (bf16 autocast + channels_last) vs fp32 DDP, images/s"),
+    "amp": ("apex", "distributed", None, "mixed precision (apex_distributed.py, --amp auto: {amp}) vs fp32 DDP, "
+                                         "images/s, {hw}"),
     "ddp": ("distributed", "dataparallel", 0.90, "DDP {p} procs x {t} thread(s) vs one process x {c} threads, images/s"),
 }
 DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
@@ -109,6 +115,24 @@ def read_stats(path, gpus):
     return (statistics.mean(util) if util else None), "GPU util %", (max(mem.values()) if mem else None)
 
 
+def read_cpu_peak(path):
+    """tools/cpu_peak.py's JSON (capability, native_bf16, peak_gflops), or None."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def cpu_line(cpu_peak):
+    """'AVX2, native bf16: no; measured matmul peak: fp32 95.0 GFLOP/s at 1 thread, 180 at 2', or ''."""
+    if not cpu_peak:
+        return ""
+    peaks = "; ".join(f"{dtype} " + ", ".join(f"{g:g} GFLOP/s at {t} thread(s)" for t, g in by.items())
+                      for dtype, by in cpu_peak["peak_gflops"].items())
+    return (f"{cpu_peak['capability']}, native bf16: {'yes' if cpu_peak['native_bf16'] else 'no'}; "
+            f"measured matmul peak ({cpu_peak.get('method', 'torch.mm')}): {peaks}")
+
+
 def fmt(x, digits=1):
     return "" if x is None else f"{x:.{digits}f}"
 
@@ -158,13 +182,31 @@ def nvidia_smi_gpus():
     return gpus
 
 
-def run_peak(row, peak_tflops=None, gpu_names=None):
+def cpu_run_peak(row, cpu_peak):
+    """(peak TFLOP/s of a CPU run from the measured matmul peaks, or None; where it comes from)."""
+    if not cpu_peak:
+        return None, "CPU run: no measured peak (tools/cpu_peak.py did not run)"
+    precision = "bf16" if row.get("amp") == "bf16" else "fp32"
+    by_threads = cpu_peak["peak_gflops"].get(precision)
+    if not by_threads:
+        return None, f"CPU run in {precision}: not native on this CPU ({cpu_peak['capability']}), so no peak"
+    threads, procs = str(row.get("threads_per_process")), str(row.get("processes") or "1")
+    if not procs.isdigit():  # a run that did not happen
+        return None, "not run"
+    procs = int(procs)
+    if threads not in by_threads:
+        return None, f"CPU run: no peak measured at {threads} thread(s)"
+    return (procs * by_threads[threads] / 1000,
+            f"CPU: {procs} x {by_threads[threads]:g} GFLOP/s measured {precision} matmul at {threads} thread(s)")
+
+
+def run_peak(row, peak_tflops=None, gpu_names=None, cpu_peak=None):
     """(peak TFLOP/s of the hardware the run used, or None; a few words on where it comes from)."""
     if peak_tflops:
         return peak_tflops, f"PEAK_TFLOPS={peak_tflops:g}"
     used = [g.strip() for g in str(row.get("gpus") or "").split(",") if g.strip() not in ("", "-")]
     if not used:
-        return None, "CPU run: no peak known"
+        return cpu_run_peak(row, cpu_peak)
     gpu_names = nvidia_smi_gpus() if gpu_names is None else gpu_names
     names = [gpu_names.get(g) for g in used]
     if None in names:
@@ -184,13 +226,14 @@ def mfu(images_per_s, flops_per_image, peak_tflops):
     return tflops, (100 * tflops / peak_tflops if peak_tflops else None)
 
 
-def add_mfu(rows, flops_per_image, peak_tflops=None, gpu_names=None):
+def add_mfu(rows, flops_per_image, peak_tflops=None, gpu_names=None, cpu_peak=None):
     """Fill train_tflops, mfu_pct, peak_tflops and peak_source of every row (in place); returns rows.
-    gpu_names: {nvidia-smi index or uuid: name}; default: ask nvidia-smi (once) when a row used GPUs."""
+    gpu_names: {nvidia-smi index or uuid: name}; default: ask nvidia-smi (once) when a row used GPUs.
+    cpu_peak: tools/cpu_peak.py's result, for the CPU runs."""
     if gpu_names is None and not peak_tflops and any(str(r.get("gpus") or "-") not in ("", "-") for r in rows):
         gpu_names = nvidia_smi_gpus()
     for r in rows:
-        r["peak_tflops"], r["peak_source"] = run_peak(r, peak_tflops, gpu_names)
+        r["peak_tflops"], r["peak_source"] = run_peak(r, peak_tflops, gpu_names, cpu_peak)
         r["train_tflops"], r["mfu_pct"] = mfu(r.get("images_per_s"), flops_per_image, r["peak_tflops"])
     return rows
 
@@ -236,14 +279,20 @@ def summarise(results):
     return rows
 
 
-def check_bars(rows):
+def check_bars(rows, native_mixed_precision):
+    """native_mixed_precision: whether the hardware runs bf16 (CPU) or fp16/bf16 (GPU) natively."""
     by = {r["backend"]: r for r in rows if r["status"] == "ok"}
     checks = []
     for key, (test, base, minimum, what) in BARS.items():
         t, b = by.get(test), by.get(base)
+        if minimum is None:
+            minimum = AMP_BAR_NATIVE if native_mixed_precision else AMP_BAR_OTHER
+        amp = {"off": "fp32", None: "?"}.get((t or {}).get("amp"), (t or {}).get("amp"))
+        what = what.format(p=(t or {}).get("processes"), t=(t or {}).get("threads_per_process"),
+                           c=(b or {}).get("threads_per_process"), amp=amp,
+                           hw="native mixed precision" if native_mixed_precision else "no native bf16")
         if t and b and t["images_per_s"] and b["images_per_s"]:
             ratio = t["images_per_s"] / b["images_per_s"]
-            what = what.format(p=t["processes"], t=t["threads_per_process"], c=b["threads_per_process"])
             text = f"{t['images_per_s']:.1f} / {b['images_per_s']:.1f} img/s = {ratio:.2f}x"
             if t.get("images_per_core_s") and b.get("images_per_core_s"):
                 text += f" (per core-s: {t['images_per_core_s'] / b['images_per_core_s']:.2f}x)"
@@ -275,7 +324,7 @@ def fmt_tflops(x):
 
 
 def write_csv(rows, path):
-    digits = {"train_tflops": 4, "mfu_pct": 3}
+    digits = {"train_tflops": 4, "mfu_pct": 3, "peak_tflops": 4}
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(COLUMNS)
@@ -313,6 +362,7 @@ def write_md(rows, checks, info, args, path):
              f"- command: `{args.command}` (wall time {args.wall:.0f} s)" if args.wall else f"- command: `{args.command}`",
              f"- configuration: {args.config}" if args.config else "",
              f"- machine: {info['nproc']} CPU(s) (`nproc`), {info['cpu']}; GPUs: {info['gpus']}",
+             f"- CPU capability: {cpu_line(info.get('cpu_peak'))}" if info.get("cpu_peak") else "",
              f"- software: torch {info['torch']}, Python {info['python']}",
              f"- date: {info['date']}",
              f"- load average before / after: {args.load_before} / {args.load_after}" if args.load_before else "",
@@ -386,7 +436,9 @@ def write_png(rows, checks, info, args, path):
     f_title, f_txt, f_small, f_bold = font(26, True), font(18), font(15), font(18, True)
     d.text((20, 16), f"Benchmark: {args.title}", fill="black", font=f_title)
     load = f", load average before/after {args.load_before} / {args.load_after}" if args.load_before else ""
-    d.text((20, 52), f"{info['nproc']} CPUs ({info['cpu']}), GPUs: {info['gpus'][:60]}, torch {info['torch']}, "
+    cpu = info.get("cpu_peak")
+    cap = f" {cpu['capability']}, native bf16 {'yes' if cpu['native_bf16'] else 'no'}" if cpu else ""
+    d.text((20, 52), f"{info['nproc']} CPUs ({info['cpu']}{cap}), GPUs: {info['gpus'][:60]}, torch {info['torch']}, "
                      f"{info['date']}{load}", fill="#444", font=f_small)
     if args.config:
         d.text((20, 74), args.config[:190], fill="#444", font=f_small)
@@ -473,8 +525,11 @@ def main():
     rows = summarise(args.results)
     if not rows:
         sys.exit(f"{sys.argv[0]}: no runs in {args.results}/runs/manifest.tsv")
-    checks = check_bars(rows)
+    cpu_peak = read_cpu_peak(os.path.join(args.results, "runs", "cpu_peak.json"))
+    gpu_run = any(str(r.get("gpus") or "-") not in ("", "-") for r in rows)
+    checks = check_bars(rows, gpu_run or bool(cpu_peak and cpu_peak["native_bf16"]))
     info = machine_info()
+    info["cpu_peak"] = cpu_peak
     arch, image_size = model_of(rows, args.arch, args.image_size)
     info["model"] = dict(arch=arch, image_size=image_size, flops=None, error="" if arch else "no arch known")
     if arch:
@@ -483,7 +538,7 @@ def main():
         except Exception as e:  # an arch FlopCounterMode or the meta device cannot run: report without MFU
             info["model"]["error"] = f"counting {arch} at {image_size} px failed: {type(e).__name__}: {e}"
             print(f"{sys.argv[0]}: warning: {info['model']['error']}", file=sys.stderr)
-    add_mfu(rows, info["model"]["flops"], args.peak_tflops)
+    add_mfu(rows, info["model"]["flops"], args.peak_tflops, cpu_peak=cpu_peak)
     write_csv(rows, os.path.join(args.results, "benchmark.csv"))
     write_md(rows, checks, info, args, os.path.join(args.results, "benchmark.md"))
     write_png(rows, checks, info, args, os.path.join(args.results, "benchmark.png"))
