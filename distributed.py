@@ -196,10 +196,13 @@ def run(worker, *worker_args):
     except dist.DistError as e:  # a peer that never came, died, or a port in use: say so and leave
         print(f"{SCRIPT}: error: {type(e).__name__}: {str(e).strip().splitlines()[0]}", file=sys.stderr, flush=True)
         sys.exit(1)
-    except RuntimeError as e:  # gloo reports a peer that died as a plain RuntimeError
-        if "/gloo/" not in str(e):
+    except RuntimeError as e:  # gloo reports a peer that died or went silent as a plain RuntimeError
+        text = str(e)
+        if "/gloo/" not in text and "caused pair closure" not in text:  # the latter: a timeout on another thread
             raise
-        print(f"{SCRIPT}: error: lost another process (gloo): {gloo_message(str(e))}", file=sys.stderr, flush=True)
+        timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+        what = "no answer from another process within --dist-timeout" if timed_out else "lost another process"
+        print(f"{SCRIPT}: error: {what} (gloo): {gloo_message(text)}", file=sys.stderr, flush=True)
         sys.exit(1)
 
 
@@ -444,8 +447,10 @@ def build_datasets(args, local_rank, rank):
         train_samples, cache_dir = list_images(os.path.join(args.data, "train"))
         val_samples, _ = list_images(os.path.join(args.data, "val"))
     n_train, n_val = len(train_samples["targets"]), len(val_samples["targets"])
-    note = (f"rank {rank}: {'read the image lists from ' + cache_dir if cache_dir else 'listed the images'}: "
-            f"{n_train} train, {n_val} val") if not cache_dir or rank == 0 else ""
+    # one line per node at least, naming the host: shows where the ranks of a multi-node job run
+    note = (f"rank {rank} on {socket.gethostname()}: "
+            f"{'read the image lists from ' + cache_dir if cache_dir else 'listed the images'}: "
+            f"{n_train} train, {n_val} val") if not cache_dir or local_rank == 0 else ""
     num_classes = len(train_samples["classes"])
     train_set = ImageList(os.path.join(args.data, "train"), train_samples, train_tf if args.augment else val_tf)
     return train_set, ImageList(os.path.join(args.data, "val"), val_samples, val_tf), num_classes, note

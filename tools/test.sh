@@ -3,9 +3,10 @@
 #   bash tools/test.sh [pytest arguments...]
 # Makes .venv (or $VENV) with requirements-dev.txt, builds Horovod into it
 # (tools/install-horovod.sh, cached), starts the one-node Slurm cluster when run as root
-# (tools/slurm-local.sh; stopped again afterwards if this script started it), then runs
-# pytest. Every backend's tests run: a missing backend fails its tests unless
-# ALLOW_MISSING_BACKENDS=1, which turns those failures into visible skips.
+# (tools/slurm-local.sh; stopped again afterwards if this script started it), installs
+# openssh-server and iproute2 when root and missing (tests/test_multihost.py makes test hosts
+# and starts an sshd in each), then runs pytest. Every backend's tests run: a missing backend
+# fails its tests unless ALLOW_MISSING_BACKENDS=1, which turns those failures into visible skips.
 set -euo pipefail
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
   sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
@@ -16,6 +17,30 @@ VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 PYTHON="$VENV/bin/python" bash tools/install-horovod.sh
+
+# tests/test_multihost.py: network namespaces (iproute2, util-linux) and an sshd per test host
+# for horovodrun (openssh-server); as root, installed when missing
+if [ "$(id -u)" = 0 ]; then
+  missing=()
+  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  command -v ip >/dev/null || [ -x /usr/sbin/ip ] || missing+=(iproute2)
+  command -v setpriv >/dev/null || missing+=(util-linux)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "tools/test.sh: installing ${missing[*]} (for tests/test_multihost.py)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+    # the package's scripts must not start a system sshd: the tests start one in each test host
+    policy_made=0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && policy_made=1
+    fi
+    status=0
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null || status=$?
+    if [ "$policy_made" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
+    if [ "$status" != 0 ]; then echo "tools/test.sh: apt-get install ${missing[*]} failed" >&2; exit 1; fi
+  fi
+else
+  echo "tools/test.sh: not root, so no test hosts (network namespaces): tests/test_multihost.py needs root" >&2
+fi
 
 started_slurm=0
 if [ "$(id -u)" = 0 ] && [ -f tools/slurm-local.sh ]; then

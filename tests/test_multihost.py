@@ -1,0 +1,448 @@
+"""Multi-node jobs across two hosts with their own addresses and hostnames, on this machine.
+
+tools/hosts.sh makes the hosts node0, node1 and node2: network namespaces on a bridge (10.213.7.1,
+.2, .3; no route anywhere else), each with its own hostname and an /etc/hosts that names all. Every
+process of a node runs in its host's namespaces (`tools/hosts.sh exec nodeN ...`), so the ranks
+meet over the bridge, by name, as on two machines: a master address that resolves only locally,
+a store bound to 127.0.0.1 or gloo on the loopback interface would fail here.
+
+Each multi-node run must end with the parameters of one process (`python distributed.py`, float64,
+conftest.EXACT) and count every validation image once; the fault runs cut a host's link or kill
+all of a host's processes mid-epoch, and then the other host must give up within --dist-timeout
+with one line saying why, and the job resumed from its checkpoint must end where an
+uninterrupted run ends.
+
+All runs are independent and mostly wait on each other, so the first test that needs one starts
+them all (Runs) and each test waits for its own.
+Needs root (namespaces; the Slurm part reconfigures the local cluster of tools/slurm-local.sh to
+two nodes under /tmp/slurm-cluster.lock and puts the one-node cluster back): without root these
+tests fail, they are not skipped.
+"""
+import concurrent.futures
+import contextlib
+import fcntl
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import BIN, EXACT, PARAM_TOL, PY, ROOT, TINY, env, max_param_diff, metrics, params, script
+
+HOSTS_SH = os.path.join(ROOT, "tools", "hosts.sh")
+SLURM_LOCAL = os.path.join(ROOT, "tools", "slurm-local.sh")
+HOROVODRUN = os.path.join(BIN, "horovodrun")
+HOSTS = ["node0", "node1"]
+# The link-cut run uses node0 and node2, so that cutting node2 off disturbs no other run
+CUT_HOSTS = ["node0", "node2"]
+ALL_HOSTS = ["node0", "node1", "node2"]
+VAL_IMAGES = 101
+TIMEOUT = 300  # any one run; a hang shows as a failure, not as a stuck suite
+DIST = ["--dist-timeout", "120"]
+# Faults: 48 images in batches of 6 make 8 steps an epoch; the fault comes in epoch 1, after the
+# checkpoint of epoch 0. A lost peer must end the run within FAULT_TIMEOUT seconds (+ slack for
+# the launcher's exit on a loaded machine).
+FAULT_TIMEOUT = 20
+FAULT = ["--image-size", "32", "-j", "0", "-b", "6", "--epochs", "2", "-p", "1", "--lr-step", "1", *EXACT]
+FAULT_AT = "Epoch [1][2/"
+SLACK = 25
+PORTS = itertools.count(29400)  # ports in node0's namespace, where only these tests listen
+LOCK = "/tmp/slurm-cluster.lock"
+
+
+def on(host, cmd):
+    return ["bash", HOSTS_SH, "exec", host, *cmd]
+
+
+def kill_tagged(tag):
+    """SIGKILLs every process whose command line holds `tag` (torchrun starts its workers in
+    sessions of their own, so killing a process group is not enough)."""
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if tag.encode() in f.read():
+                    os.kill(int(entry), signal.SIGKILL)
+
+
+class Node:
+    """One node's command, started in its host; its output is collected line by line with times."""
+
+    def __init__(self, host, cmd, **extra_env):
+        self.host, self.cmd, self.lines = host, cmd, []
+        self.p = subprocess.Popen(on(host, cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  cwd=ROOT, env=env(**extra_env), start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.end = None
+
+    def _read(self):
+        for line in self.p.stdout:
+            self.lines.append((time.monotonic(), line))
+        self.p.wait()
+        self.end = time.monotonic()
+
+    def log(self):
+        return "".join(line for _, line in self.lines)
+
+    def wait_for(self, text, deadline):
+        while time.monotonic() < deadline:
+            if any(text in line for _, line in self.lines):
+                return True
+            if self.end is not None:
+                return False
+            time.sleep(0.05)
+        return False
+
+    def finish(self, deadline):
+        self.reader.join(max(0.0, deadline - time.monotonic()))
+        if self.reader.is_alive():
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.reader.join(30)
+            return "timeout"
+        return self.p.returncode
+
+
+class Result:
+    def __init__(self, name, nodes, rcs, seconds, **info):
+        self.name, self.nodes, self.rcs, self.seconds, self.info = name, nodes, rcs, seconds, info
+        self.logs = [n.log() for n in nodes]
+
+    def report(self):
+        return f"{self.name}: exit {self.rcs} after {self.seconds:.0f} s\n" + "\n".join(
+            f"--- {n.host}: {' '.join(n.cmd)}\n{log[-3000:]}" for n, log in zip(self.nodes, self.logs))
+
+    def check(self):
+        assert self.rcs == [0] * len(self.rcs), self.report()
+        return self
+
+
+def run_nodes(name, cmds, tag, timeout=TIMEOUT, **extra_env):
+    """Runs {host: command} at once, each in its host; waits for all."""
+    t = time.monotonic()
+    nodes = [Node(host, cmd, **extra_env) for host, cmd in cmds.items()]
+    try:
+        rcs = [n.finish(t + timeout) for n in nodes]
+    finally:
+        kill_tagged(tag)
+    return Result(name, nodes, rcs, time.monotonic() - t)
+
+
+def torchrun_nodes(name, target, out, data, args, rdzv=None, hosts=HOSTS):
+    """torchrun --nnodes=2, one process per node: static rendezvous at node0 by name, or c10d."""
+    port = next(PORTS)
+    cmds = {}
+    for rank, host in enumerate(hosts):
+        launcher = [os.path.join(BIN, "torchrun"), "--nnodes=2", "--nproc_per_node=1"]
+        if rdzv == "c10d":
+            launcher += ["--rdzv-backend=c10d", f"--rdzv-endpoint={HOSTS[0]}:{port}", f"--rdzv-id={name}"]
+        else:
+            launcher += [f"--node-rank={rank}", f"--master-addr={HOSTS[0]}", f"--master-port={port}"]
+        cmds[host] = launcher + [script(target), "--data", data, *args, "--output-dir", out]
+    return cmds
+
+
+class Runs:
+    """Every run of this module, started together on first use; get(name) waits for one."""
+
+    def __init__(self, data, tmp):
+        self.data, self.tmp, self.futures = data, tmp, None
+
+    def out(self, name):
+        return str(self.tmp / name)
+
+    def get(self, name):
+        if self.futures is None:
+            jobs = {"fault_cut": self.fault_cut, "fault_kill": self.fault_kill, "slurm": self.slurm,
+                    "horovod": self.horovod, "torchrun": self.torchrun, "apex": self.apex, "c10d": self.c10d,
+                    "spawn": self.spawn, "ref": self.ref, "ref_fault": self.ref_fault}
+            pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs))
+            self.futures = {k: pool.submit(job) for k, job in jobs.items()}
+            pool.shutdown(wait=False)
+        return self.futures[name].result(timeout=3 * TIMEOUT)
+
+    # ---- one process, the reference ----
+    def ref(self):
+        return self._local("ref", [*TINY, *EXACT])
+
+    def ref_fault(self):
+        return self._local("ref_fault", FAULT)
+
+    def _local(self, name, args):
+        t = time.monotonic()
+        p = subprocess.run([PY, script("distributed.py"), "--data", self.data, *args, "--output-dir", self.out(name)],
+                           capture_output=True, text=True, cwd=ROOT, env=env(), timeout=TIMEOUT)
+        assert p.returncode == 0, f"{name}: {p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+        return time.monotonic() - t
+
+    # ---- launchers across the two hosts ----
+    def torchrun(self):
+        out = self.out("torchrun")
+        return run_nodes("torchrun", torchrun_nodes("torchrun", "distributed.py", out, self.data,
+                                                    [*TINY, *EXACT, *DIST]), out)
+
+    def apex(self):
+        out = self.out("apex")
+        return run_nodes("apex", torchrun_nodes("apex", "apex_distributed.py", out, self.data,
+                                                [*TINY, *EXACT, *DIST]), out)
+
+    def c10d(self):
+        out = self.out("c10d")
+        return run_nodes("c10d", torchrun_nodes("c10d", "distributed.py", out, self.data, [*TINY, *EXACT, *DIST],
+                                                rdzv="c10d"), out)
+
+    def spawn(self):
+        out, port = self.out("spawn"), next(PORTS)
+        cmds = {host: [PY, script("multiprocessing_distributed.py"), "--world-size", "2", "--rank", str(rank),
+                       "--nprocs", "1", "--dist-url", f"tcp://{HOSTS[0]}:{port}", "--data", self.data, *TINY,
+                       *EXACT, *DIST, "--output-dir", out] for rank, host in enumerate(HOSTS)}
+        return run_nodes("spawn", cmds, out)
+
+    def horovod(self):
+        """horovodrun on node0 starts node1's rank through ssh: an sshd in each host, with a host key
+        and a client key made here, for root, on a port of the hosts' own."""
+        if not os.path.isfile(HOROVODRUN):
+            pytest.fail(f"{HOROVODRUN} does not exist: run `bash tools/install-horovod.sh`", pytrace=False)
+        ssh = self.tmp / "ssh"
+        (ssh / "bin").mkdir(parents=True)
+        for key in ("client_key", "host_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / key)], check=True)
+        (ssh / "authorized_keys").write_text((ssh / "client_key.pub").read_text())
+        (ssh / "sshd_config").write_text(
+            f"Port 2222\nHostKey {ssh / 'host_key'}\nAuthorizedKeysFile {ssh / 'authorized_keys'}\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            "UsePAM no\nLogLevel ERROR\n"
+            "StrictModes no\n")  # the keys are in a private folder under the world-writable /tmp
+        # horovodrun's ssh accepts unknown host keys; this keeps them out of root's known_hosts
+        client = shutil.which("ssh")
+        assert client, "no ssh client: apt-get install openssh-client"
+        (ssh / "bin" / "ssh").write_text(f'#!/bin/sh\nexec {client} -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "$@"\n')
+        os.chmod(ssh / "bin" / "ssh", 0o755)
+        os.makedirs("/run/sshd", exist_ok=True)
+        sshd = "/usr/sbin/sshd"
+        assert os.path.isfile(sshd), f"{sshd} is missing: apt-get install openssh-server (tools/test.sh does)"
+        for host in HOSTS:
+            subprocess.run(on(host, [sshd, "-f", str(ssh / "sshd_config"), "-o", f"PidFile={ssh}/sshd-{host}.pid"]),
+                           check=True, timeout=30)
+        out = self.out("horovod")
+        try:
+            cmd = [HOROVODRUN, "-np", "2", "-H", ",".join(f"{h}:1" for h in HOSTS), "--gloo", "-p", "2222",
+                   "-i", str(ssh / "client_key"), "--start-timeout", "120", PY, script("horovod_distributed.py"),
+                   "--data", self.data, *TINY, *EXACT, "--output-dir", out]
+            return run_nodes("horovod", {HOSTS[0]: cmd}, out,
+                             PATH=f"{ssh / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+        finally:
+            for host in HOSTS:
+                with contextlib.suppress(OSError, ValueError):
+                    os.kill(int(open(f"{ssh}/sshd-{host}.pid").read()), signal.SIGTERM)
+
+    # ---- Slurm with one slurmd per host ----
+    def slurm(self):
+        t = time.monotonic()
+        with open(LOCK, "a") as lock:  # the cluster is shared: hold it while it has two nodes
+            deadline = time.monotonic() + TIMEOUT
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    assert time.monotonic() < deadline, f"{LOCK} held by another user for {TIMEOUT} s"
+                    time.sleep(1)
+            waited = time.monotonic() - t
+            try:
+                up = subprocess.run(["bash", SLURM_LOCAL, "up", "--nodes", "2"], capture_output=True, text=True,
+                                    timeout=180)
+                assert up.returncode == 0, f"slurm-local.sh up --nodes 2 failed:\n{up.stderr[-3000:]}"
+                return dict(waited=waited, **self._slurm_jobs())
+            finally:
+                back = subprocess.run(["bash", SLURM_LOCAL, "up"], capture_output=True, text=True, timeout=180)
+                assert back.returncode == 0, f"slurm-local.sh up (back to one node) failed:\n{back.stderr[-3000:]}"
+
+    def _slurm_jobs(self):
+        def slurm(cmd):
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env(PYTHON=PY), timeout=TIMEOUT)
+            return dict(rc=p.returncode, stdout=p.stdout, stderr=p.stderr)
+
+        srun = ["srun", "--quiet", "--kill-on-bad-exit=1", "-N2", "--ntasks-per-node=1"]
+        train = ["--data", self.data, *TINY, *EXACT, *DIST]
+        cmds = {
+            "hostname": ["srun", "--quiet", "-N2", "-n2", "hostname"],
+            "srun": srun + [PY, script("distributed_slurm_main.py"), *train, "--output-dir", self.out("srun")],
+            "sbatch": ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", f"--output={self.tmp / 'sbatch.out'}",
+                       os.path.join(ROOT, "slurm", "train-cpu.sbatch"), self.data, self.out("sbatch"), *train[2:]],
+        }
+        with concurrent.futures.ThreadPoolExecutor(len(cmds)) as pool:
+            futures = {k: pool.submit(slurm, c) for k, c in cmds.items()}
+            return {k: f.result() for k, f in futures.items()}
+
+    # ---- faults ----
+    def fault_cut(self):
+        return self._fault("cut")
+
+    def fault_kill(self):
+        return self._fault("kill")
+
+    def _fault(self, kind):
+        """torchrun on two hosts; at FAULT_AT node2 is cut off (its link down: node2 serves this run only)
+        or node1 loses every process of the job;
+        then the same job, resumed from the checkpoint on both hosts."""
+        out, hosts = self.out(f"fault_{kind}"), CUT_HOSTS if kind == "cut" else HOSTS
+        cmds = torchrun_nodes(f"fault_{kind}", "distributed.py", out, self.data,
+                              [*FAULT, "--dist-timeout", str(FAULT_TIMEOUT)], hosts=hosts)
+        t = time.monotonic()
+        nodes = [Node(host, cmd) for host, cmd in cmds.items()]
+        victim = hosts[1]
+        try:
+            saw = nodes[0].wait_for(FAULT_AT, t + TIMEOUT)
+            t_fault = time.monotonic()
+            if saw and kind == "cut":
+                subprocess.run(["ip", "link", "set", f"veth-{victim}", "down"], check=True)
+            elif saw:
+                pids = subprocess.run(["ip", "netns", "pids", victim], capture_output=True, text=True).stdout.split()
+                for pid in pids:  # every process of this job on the host: launcher and worker
+                    with contextlib.suppress(OSError):
+                        with open(f"/proc/{pid}/cmdline", "rb") as f:
+                            if out.encode() in f.read():
+                                os.kill(int(pid), signal.SIGKILL)
+            rcs = [n.finish(t_fault + FAULT_TIMEOUT + 3 * SLACK) for n in nodes]
+        finally:
+            kill_tagged(out)
+            if kind == "cut":
+                subprocess.run(["ip", "link", "set", f"veth-{victim}", "up"], check=True)
+        faulted = Result(f"fault_{kind}", nodes, rcs, time.monotonic() - t, saw=saw, t_fault=t_fault,
+                         exit_s=[(n.end or time.monotonic()) - t_fault for n in nodes])
+        ckpt = os.path.join(out, "checkpoint.pth.tar")
+        epoch = params_epoch(ckpt)
+        resumed = run_nodes(f"resume_{kind}", torchrun_nodes(f"resume_{kind}", "distributed.py", out, self.data,
+                                                             [*FAULT, *DIST, "--resume", ckpt], hosts=hosts), out)
+        return faulted, epoch, resumed
+
+
+def params_epoch(path):
+    import torch
+    if not os.path.exists(path):
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True)["epoch"]
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    if os.geteuid() != 0:
+        pytest.fail("the multi-host tests need root, to make network namespaces (tools/hosts.sh up 2)", pytrace=False)
+    before = subprocess.run(["bash", HOSTS_SH, "status"], capture_output=True, text=True)
+    p = subprocess.run(["bash", HOSTS_SH, "up", str(len(ALL_HOSTS))], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, f"tools/hosts.sh up {len(ALL_HOSTS)} failed: {p.stderr}"
+    yield ALL_HOSTS
+    if before.returncode != 0:  # made here: removed here
+        subprocess.run(["bash", HOSTS_SH, "down"], capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def runs(hosts, tiny_data, tmp_path_factory):
+    r = Runs(tiny_data, tmp_path_factory.mktemp("multihost"))
+    yield r
+    if r.futures:
+        concurrent.futures.wait(r.futures.values(), timeout=3 * TIMEOUT)
+
+
+# ---- the hosts ----
+
+def test_each_host_has_its_own_name_and_address_and_knows_the_others(hosts):
+    for i, host in enumerate(hosts):
+        p = subprocess.run(on(host, ["sh", "-c", f"hostname; getent hosts {' '.join(hosts)}; ip -4 -br addr show eth0"]),
+                           capture_output=True, text=True, timeout=30)
+        lines = p.stdout.splitlines()
+        assert lines[0] == host, p.stdout + p.stderr
+        assert [line.split() for line in lines[1:-1]] == [[f"10.213.7.{j + 1}", h] for j, h in enumerate(hosts)], \
+            p.stdout
+        assert f"10.213.7.{i + 1}/24" in lines[-1], p.stdout
+    # no route leaves the hosts: an outside address is unreachable, not merely unanswered
+    p = subprocess.run(on(hosts[1], [PY, "-c", "import socket; socket.create_connection(('192.0.2.1', 53), 3)"]),
+                       capture_output=True, text=True, timeout=30)
+    assert "Network is unreachable" in p.stderr, p.stderr
+
+
+def test_hosts_tool_is_idempotent_and_says_when_not_root(hosts):
+    p = subprocess.run(["bash", HOSTS_SH, "up", str(len(hosts))], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    status = subprocess.run(["bash", HOSTS_SH, "status"], capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0 and status.stdout.count("link up") == len(hosts), status.stdout
+    nobody = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", HOSTS_SH, "up",
+                             str(len(hosts))], capture_output=True, text=True, timeout=60)
+    assert nobody.returncode != 0
+    assert nobody.stderr.count("\n") == 1 and "must run as root" in nobody.stderr, nobody.stderr
+
+
+# ---- training across the hosts ----
+
+def assert_like_one_process(runs, out, world_size=2):
+    runs.get("ref")
+    diff = max_param_diff(params(runs.out("ref")), params(out))
+    assert diff < PARAM_TOL, f"{out} differs from one process by {diff:.3g}"
+    m, r = metrics(out)[-1], metrics(runs.out("ref"))[-1]
+    assert m["world_size"] == world_size
+    assert (m["val_images"], m["val_acc1"], m["val_acc5"]) == (VAL_IMAGES, r["val_acc1"], r["val_acc5"])
+
+
+@pytest.mark.parametrize("name", ["torchrun", "apex", "c10d", "spawn"])
+def test_two_hosts_train_the_one_process_model(runs, name):
+    r = runs.get(name).check()
+    log = "\n".join(r.logs)
+    for rank, host in enumerate(HOSTS):  # each node's first process names its host
+        assert f"rank {rank} on {host}:" in log, r.report()
+    assert_like_one_process(runs, runs.out(name))
+
+
+def test_horovodrun_starts_the_second_host_through_ssh(runs):
+    r = runs.get("horovod").check()
+    assert "]<stdout>:rank 1 on node1:" in r.logs[0], r.report()
+    assert_like_one_process(runs, runs.out("horovod"))
+
+
+def test_slurm_two_nodes_run_one_task_each(runs):
+    s = runs.get("slurm")
+    h = s["hostname"]
+    assert h["rc"] == 0, h
+    assert sorted(h["stdout"].split()) == HOSTS, h
+
+
+@pytest.mark.parametrize("how", ["srun", "sbatch"])
+def test_slurm_two_nodes_train_the_one_process_model(runs, how):
+    job = runs.get("slurm")[how]
+    log = job["stdout"] + job["stderr"]
+    if how == "sbatch":
+        log += open(runs.tmp / "sbatch.out").read()
+    assert job["rc"] == 0, log[-4000:]
+    assert "rank 0 on node0:" in log and "rank 1 on node1:" in log, log[-4000:]
+    assert_like_one_process(runs, runs.out(how))
+
+
+# ---- faults ----
+
+@pytest.mark.parametrize("kind", ["cut", "kill"])
+def test_a_lost_host_ends_the_job_in_bounded_time_and_the_resumed_job_matches(runs, kind):
+    faulted, epoch, resumed = runs.get(f"fault_{kind}")
+    assert faulted.info["saw"], faulted.report()
+    survivors = faulted.nodes if kind == "cut" else faulted.nodes[:1]  # a cut-off host is a survivor too
+    for node, rc, exit_s in zip(faulted.nodes, faulted.rcs, faulted.info["exit_s"]):
+        if node not in survivors:
+            continue
+        assert rc not in (0, "timeout"), faulted.report()  # it failed, it did not hang
+        assert exit_s < FAULT_TIMEOUT + SLACK, f"{node.host} ended {exit_s:.0f} s after the fault\n{faulted.report()}"
+        after = "".join(line for t, line in node.lines if t > faulted.info["t_fault"])
+        assert "Epoch [1][8/" not in after, faulted.report()
+        ours = [line for line in after.splitlines() if line.startswith("distributed.py: error: ")]
+        assert len(ours) == 1, faulted.report()
+        expected = "no answer from another process within --dist-timeout" if kind == "cut" else \
+            "lost another process"
+        assert expected in ours[0], faulted.report()
+        assert "[rank" not in after, faulted.report()  # no traceback from the training process
+    assert epoch == 1, f"checkpoint after the fault is of epoch {epoch}, not the end of epoch 0"
+    resumed.check()
+    assert "start epoch 1" in resumed.logs[0], resumed.report()
+    runs.get("ref_fault")
+    diff = max_param_diff(params(runs.out("ref_fault")), params(runs.out(f"fault_{kind}")))
+    assert diff < PARAM_TOL, f"resumed after a {kind}: differs from the uninterrupted run by {diff:.3g}"

@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# hosts.sh: make N test "hosts" on this machine, to try multi-node jobs without a cluster.
+#
+# Each host is a Linux network namespace (its own network stack, interface eth0 and address)
+# joined to the others by a bridge, plus a UTS namespace (its own hostname). The names resolve
+# on every host and on this machine: each host gets its own /etc/hosts (`exec` mounts
+# /etc/netns/NAME/hosts over /etc/hosts, as `ip netns exec` does), and this machine's
+# /etc/hosts gets a marked block.
+# The hosts have no default route: they reach each other and this machine's bridge address,
+# never any other address. Needs root and iproute2.
+#
+#   tools/hosts.sh up N              make hosts node0 .. node(N-1) (idempotent; removes extra ones)
+#   tools/hosts.sh down              remove every host, the bridge and the /etc/hosts entries
+#   tools/hosts.sh status            list the hosts; exit 0 only if all are complete
+#   tools/hosts.sh exec NAME CMD...  run CMD on host NAME (its network, hostname and /etc/hosts)
+#
+# Environment knobs:
+#   HOSTS_PREFIX  host names (default node: node0, node1, ...)
+#   HOSTS_NET     first three octets of the /24 the hosts live in (default 10.213.7);
+#                 host i has HOSTS_NET.(i+1), this machine's end of the bridge HOSTS_NET.254
+#
+# Cutting a host off, as a failed link would: ip link set veth-NAME down (and up again).
+# Everything a host runs: ip netns pids NAME.
+set -euo pipefail
+
+PROG=${0##*/}
+PREFIX=${HOSTS_PREFIX:-node}
+NET=${HOSTS_NET:-10.213.7}
+BRIDGE=hostsbr0
+GATEWAY=$NET.254
+STATE=/run/test-hosts        # UTS namespace files, one per host
+MARK="# tools/hosts.sh"
+IP=$(command -v ip || echo /usr/sbin/ip)
+
+usage() {
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
+}
+
+log() { echo "$PROG: $*" >&2; }
+die() { echo "$PROG: error: $*" >&2; exit 1; }
+
+need_root() {
+    [[ $EUID -eq 0 ]] || die "must run as root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)"
+    [[ -x $IP ]] || die "iproute2's ip is missing (apt-get install iproute2)"
+    command -v nsenter >/dev/null && command -v unshare >/dev/null || die "nsenter/unshare missing (util-linux)"
+}
+
+host_name() { echo "$PREFIX$1"; }
+host_addr() { echo "$NET.$(($1 + 1))"; }
+veth() { echo "veth-$1"; }
+
+# Our hosts, from the UTS files (the one record that survives a half-finished 'up').
+existing_hosts() {
+    local f
+    [[ -d $STATE ]] || return 0
+    for f in "$STATE"/*.uts; do
+        [[ -e $f ]] && basename "$f" .uts
+    done
+    return 0
+}
+
+hosts_block() {
+    local n=$1 i
+    for ((i = 0; i < n; i++)); do
+        echo "$(host_addr "$i") $(host_name "$i") $MARK"
+    done
+}
+
+# Rewrite /etc/hosts in place (in containers it is often a bind mount that cannot be replaced).
+set_etc_hosts() {
+    local block=$1 kept
+    kept=$(grep -vF "$MARK" /etc/hosts || true)
+    printf '%s\n%s\n' "$kept" "$block" | sed '/^$/d' >/etc/hosts.test-hosts.tmp
+    cat /etc/hosts.test-hosts.tmp >/etc/hosts
+    rm -f /etc/hosts.test-hosts.tmp
+}
+
+make_host() {
+    local i=$1 n=$2 name addr v
+    name=$(host_name "$i")
+    addr=$(host_addr "$i")
+    v=$(veth "$name")
+    ((${#v} <= 15)) || die "interface name $v is too long: use a shorter HOSTS_PREFIX"
+    "$IP" netns list | grep -qw "^$name" || "$IP" netns add "$name"
+    if ! "$IP" link show "$v" >/dev/null 2>&1; then
+        "$IP" netns exec "$name" "$IP" link del eth0 2>/dev/null || true
+        "$IP" link add "$v" type veth peer name eth0 netns "$name"
+    fi
+    "$IP" link set "$v" master "$BRIDGE" up
+    "$IP" -n "$name" link set lo up
+    "$IP" -n "$name" addr replace "$addr/24" dev eth0
+    "$IP" -n "$name" link set eth0 up
+    # the names of all hosts, on every host; the host's own name resolves to its own address
+    # (not to 127.0.1.1, which would make gloo pick the loopback interface)
+    install -d -m 0755 "/etc/netns/$name"
+    {
+        echo "127.0.0.1 localhost"
+        echo "$GATEWAY $(hostname -s) $MARK: this machine"
+        hosts_block "$n"
+    } >"/etc/netns/$name/hosts"
+    echo "$name" >"/etc/netns/$name/hostname"
+    install -d -m 0755 "$STATE"
+    if ! nsenter --uts="$STATE/$name.uts" true 2>/dev/null; then
+        touch "$STATE/$name.uts"
+        unshare --uts="$STATE/$name.uts" hostname "$name"
+    fi
+}
+
+remove_host() {
+    local name=$1 pids
+    pids=$("$IP" netns pids "$name" 2>/dev/null || true)
+    if [[ -n $pids ]]; then
+        log "killing what still runs on $name: $(echo $pids)"
+        # shellcheck disable=SC2086
+        kill -KILL $pids 2>/dev/null || true
+    fi
+    "$IP" link del "$(veth "$name")" 2>/dev/null || true
+    "$IP" netns del "$name" 2>/dev/null || true
+    if [[ -e $STATE/$name.uts ]]; then
+        umount "$STATE/$name.uts" 2>/dev/null || true
+        rm -f "$STATE/$name.uts"
+    fi
+    rm -rf "/etc/netns/$name"
+}
+
+cmd_up() {
+    local n=${1:-}
+    [[ $n =~ ^[1-9][0-9]?$ ]] && ((n <= 200)) || die "up wants a host count from 1 to 200, got '${n}'"
+    need_root
+    # another route to our /24 (a real network) would make the hosts' traffic leave the machine
+    local other
+    other=$("$IP" -4 route show "$NET.0/24" | grep -v "dev $BRIDGE" || true)
+    [[ -z $other ]] || die "$NET.0/24 is already routed here ($other): set HOSTS_NET to a free /24"
+    if ! "$IP" link show "$BRIDGE" >/dev/null 2>&1; then
+        "$IP" link add "$BRIDGE" type bridge
+    fi
+    "$IP" addr replace "$GATEWAY/24" dev "$BRIDGE"
+    "$IP" link set "$BRIDGE" up
+    local i name
+    for ((i = 0; i < n; i++)); do
+        make_host "$i" "$n"
+    done
+    for name in $(existing_hosts); do  # hosts beyond N from an earlier 'up'
+        local idx=${name#"$PREFIX"}
+        [[ $idx =~ ^[0-9]+$ ]] && ((idx < n)) || remove_host "$name"
+    done
+    set_etc_hosts "$(hosts_block "$n")"
+    log "up: $(hosts_block "$n" | awk '{printf "%s%s %s", sep, $2, $1; sep=", "}'), bridge $BRIDGE $GATEWAY"
+}
+
+cmd_down() {
+    need_root
+    local name
+    for name in $(existing_hosts); do
+        remove_host "$name"
+    done
+    "$IP" link del "$BRIDGE" 2>/dev/null || true
+    set_etc_hosts ""
+    rmdir "$STATE" 2>/dev/null || true
+    log "down"
+}
+
+cmd_status() {
+    need_root
+    local name ok=0 addr uts
+    local names
+    names=$(existing_hosts)
+    if [[ -z $names ]]; then
+        echo "no hosts (tools/hosts.sh up N makes them)"
+        return 1
+    fi
+    for name in $names; do
+        addr=$("$IP" -n "$name" -4 -br addr show eth0 2>/dev/null | awk '{print $3}')
+        uts=$(nsenter --uts="$STATE/$name.uts" hostname 2>/dev/null || echo '?')
+        if [[ -n $addr && $uts == "$name" ]] && "$IP" link show "$(veth "$name")" 2>/dev/null | grep -q 'state UP'; then
+            echo "$name: ${addr%/*}, hostname $uts, link up"
+        else
+            echo "$name: incomplete or cut off (address '${addr}', hostname '$uts'; $(veth "$name") down or missing)"
+            ok=1
+        fi
+    done
+    return $ok
+}
+
+cmd_exec() {
+    local name=${1:-}
+    [[ -n $name ]] && (($# >= 2)) || die "usage: $PROG exec NAME CMD..."
+    shift
+    need_root
+    [[ -e $STATE/$name.uts ]] || die "no host $name (hosts: $(existing_hosts | tr '\n' ' '))"
+    # Like `ip netns exec`, which mounts /etc/netns/NAME/hosts over /etc/hosts in a mount
+    # namespace of its own, but without its remount of /sys: that would hide this machine's
+    # cgroup mounts, which slurmd needs.
+    exec nsenter --net="/run/netns/$name" --uts="$STATE/$name.uts" -- \
+        unshare --mount --propagation slave -- \
+        sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "/etc/netns/$name/hosts" "$@"
+}
+
+case ${1:-} in
+    up) shift; cmd_up "$@" ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    exec) shift; cmd_exec "$@" ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage; exit 2 ;;
+esac
