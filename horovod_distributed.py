@@ -406,9 +406,9 @@ def choose_precision(args, device):
         amp, why = auto
     else:
         amp, why = args.amp, f"--amp {args.amp}"
-        if amp != "off" and not native[amp]:
-            print(f"{SCRIPT}: warning: --amp {amp} on hardware without native {amp} ({name}): expect it to run "
-                  f"much slower than fp32 (often 10x), as {amp} is emulated", file=sys.stderr, flush=True)
+    if amp != "off" and not native[amp]:
+        why += (f"; warning: {name} has no native {amp}, which is emulated there and runs much slower than fp32 "
+                "(often 10x)")
     channels_last = args.channels_last if args.channels_last is not None else amp != "off"
     return amp, channels_last, why
 
