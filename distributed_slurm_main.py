@@ -15,11 +15,12 @@ import argparse
 import contextlib
 import datetime
 import hashlib
+import io
 import json
+import math
 import os
 import random
 import resource
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,12 +30,14 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.data
+import torchvision
 import torchvision.models as models
-import torchvision.transforms as T
+import torchvision.transforms.v2.functional as TF
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 
 SCRIPT = os.path.basename(__file__)
@@ -46,16 +49,24 @@ class UserError(Exception):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", metavar="DIR", default="data/demo",
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                epilog="Defaults follow pytorch/examples' ImageNet recipe, except on the demo data "
+                                       f"(folders with a {DEMO_MARK} file, made by tools/make_demo_data.py) and with "
+                                       "--dummy, where they are the few-minute demo's: " +
+                                       ", ".join(f"{k} {v}" for k, v in DEMO_DEFAULTS.items()))
+    p.add_argument("data_arg", nargs="?", metavar="DATA", help="the data folder, as pytorch/examples takes it (or --data)")
+    p.add_argument("--data", metavar="DIR", default=None,
                    help="ImageFolder root with train/ and val/ (default: data/demo, made by tools/make_demo_data.py)")
     p.add_argument("-a", "--arch", default="resnet18", help="any torchvision classification model (default: resnet18)")
-    p.add_argument("-j", "--workers", type=int, default=2, help="data loading processes per training process")
+    p.add_argument("-j", "--workers", type=int, default=None,
+                   help="data loading processes per training process (default: min(8, CPU cores per local process))")
     p.add_argument("--loader-start-method", choices=["fork", "spawn", "forkserver"], default=None,
                    help="how loader workers start (default: fork where the OS has it); spawn or forkserver "
                         "where forking breaks, e.g. under MPI with InfiniBand (Horovod over MPI)")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("-b", "--batch-size", type=int, default=32, help="global batch, split evenly across processes")
+    p.add_argument("--epochs", type=int, default=None, help="default: 90")
+    p.add_argument("--start-epoch", type=int, default=0, help="epoch to start at (--resume takes it from the checkpoint)")
+    p.add_argument("-b", "--batch-size", type=int, default=None,
+                   help="global batch, split evenly across processes (default: 256)")
     p.add_argument("--lr", "--learning-rate", type=float, default=None, dest="lr",
                    help="for the global batch (default: 0.1 x batch-size / 256, ImageNet's linear scaling rule)")
     p.add_argument("--lr-step", type=int, default=30, help="divide the learning rate by 10 every N epochs")
@@ -89,6 +100,36 @@ def build_parser():
     p.add_argument("--dist-backend", default=None, help="nccl with CUDA, else gloo")
     p.add_argument("--dist-timeout", type=float, default=1800, help="seconds before a stuck collective fails")
     return p
+
+
+DEMO_MARK = "DEMO_DATA.txt"  # written by tools/make_demo_data.py
+DEMO_DEFAULTS = dict(batch_size=32, epochs=3, workers=2)
+
+
+def resolve_defaults(args, world_size):
+    """The ImageNet recipe (global batch 256, 90 epochs, lr 0.1 x batch / 256 divided by 10 every 30
+    epochs, weight decay 1e-4, min(8, cores per local process) loader workers), except on the demo data."""
+    if args.data_arg is not None and args.data not in (None, args.data_arg):
+        raise UserError(f"two data folders: {args.data_arg} and --data {args.data}")
+    args.data = args.data_arg or args.data or "data/demo"
+    args.demo = args.dummy or os.path.normpath(args.data) == "data/demo" or \
+        os.path.isfile(os.path.join(args.data, DEMO_MARK))
+    recipe = dict(batch_size=256, epochs=90, workers=loader_workers(world_size))
+    for name, value in (DEMO_DEFAULTS if args.demo else recipe).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.lr is None:
+        args.lr = 0.1 * args.batch_size / 256
+
+
+def loader_workers(world_size):
+    """min(8, CPU cores this process may use / processes on this node); the launchers say how many
+    processes a node runs, else one per GPU (at most the world size) is assumed."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    local = next((int(os.environ[v]) for v in ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+                  if os.environ.get(v, "").isdigit()), None)
+    local = local or min(world_size, torch.cuda.device_count() or world_size)
+    return max(1, min(8, cores // max(local, 1)))
 # ---- end shared: options ----
 
 
@@ -106,6 +147,7 @@ def fail(task, message):
     sys.exit(2)
 
 
+@record  # torchrun's summary then names a failed rank's exception and traceback
 def main():
     p = build_parser()
     add_backend_args(p)
@@ -167,6 +209,10 @@ def init_distributed(args, local_rank, rank, world_size):
 def distribute(model, optimizer, args, device):
     ids = [device.index] if device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids), optimizer
+
+
+def sync_batchnorm(model):  # --sync-bn: batch statistics over all processes
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
 def all_reduce_sum(tensor):
@@ -244,6 +290,7 @@ def free_port():
 def check_args(args, world_size):
     """Checks that every process can make alike, before any process group exists, so bad
     input fails at once instead of leaving the other processes waiting in a collective."""
+    resolve_defaults(args, world_size)
     if args.batch_size < world_size:
         raise UserError(f"--batch-size {args.batch_size} is smaller than the world size {world_size}: "
                         "every process needs at least one sample per step")
@@ -261,10 +308,16 @@ def check_args(args, world_size):
         raise UserError(f"--resume: no checkpoint at {args.resume}")
     if not args.dummy:
         check_data(args.data)
-    if args.lr is None:
-        args.lr = 0.1 * args.batch_size / 256
     if args.output_dir is None:
         args.output_dir = os.path.join("output", os.path.splitext(SCRIPT)[0])
+    probe = os.path.join(args.output_dir, f".write-test-{socket.gethostname()}-{os.getpid()}")
+    try:  # a folder that cannot hold checkpoints fails now, not after the first epoch
+        os.makedirs(args.output_dir, exist_ok=True)
+        with open(probe, "wb"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"output folder {args.output_dir} cannot be written: {e.strerror or e}") from None
 
 
 def check_data(root):
@@ -319,62 +372,172 @@ def local_rank0_first(local_rank):
 
 
 class ImageList(torch.utils.data.Dataset):
-    """ImageFolder from a list of (path, class) pairs: listing ImageNet's 1.3M files takes a
-    while, so one process per node lists them and caches the list for the others."""
+    """ImageFolder from a packed list of samples (see list_images). The paths are one numpy
+    byte array with offsets, not a list of Python strings: 1.28M of them take ~50 MB, and a
+    forked loader worker reading them writes to none of their pages (a Python object's page is
+    written, so copied, whenever its reference count changes), so workers stay small."""
 
-    def __init__(self, samples, transform):
-        self.samples, self.transform = samples, transform
+    def __init__(self, root, samples, transform):
+        self.root, self.transform = root, transform
+        self.paths, self.offsets, self.targets = samples["paths"], samples["offsets"], samples["targets"]
 
     def __len__(self):
-        return len(self.samples)
+        return len(self.targets)
 
-    def __getitem__(self, i):
-        path, target = self.samples[i]
+    def path(self, i):
+        return os.path.join(self.root, self.paths[self.offsets[i]:self.offsets[i + 1]].tobytes().decode())
+
+    def __getitem__(self, item):
+        i, seed = item if isinstance(item, tuple) else (item, None)  # (index, seed) from SeededSampler
+        path = self.path(i)
         try:
-            image = default_loader(path)
+            image = read_image(path)
         except Exception as e:
-            raise UserError(f"cannot read image {path}: {e}") from None
-        return self.transform(image), target
+            raise UserError(f"cannot read image {path}: {str(e).strip().splitlines()[-1]}") from None
+        # a generator per sample: its augmentation depends on the epoch's seed and the index only,
+        # not on which (persistent) loader worker reads it or what that worker read before
+        generator = None if seed is None else torch.Generator().manual_seed((seed * 2**32 + i) % 2**63)
+        return self.transform(image, generator), int(self.targets[i])
 
 
-def list_images(folder, cache_dir):
-    """Returns [(path, class index)] for an ImageFolder tree and whether the cache served it.
-    The cache key holds the class folders' modification times, which change when files are
-    added or removed, so a changed dataset is listed again."""
+def read_image(path):
+    """RGB uint8 tensor (3, H, W). torchvision's libjpeg-turbo decoder into a tensor, then
+    transforms on uint8 tensors, is faster than PIL (tools/loader_bench.py measures it); PIL
+    reads what torchvision cannot (grayscale, CMYK and PNG are torchvision's too)."""
+    data = torchvision.io.read_file(path)
+    try:
+        return torchvision.io.decode_image(data, mode=torchvision.io.ImageReadMode.RGB)
+    except RuntimeError:
+        return TF.pil_to_tensor(default_loader(path))
+
+
+class TrainTransform:
+    """RandomResizedCrop (scale 0.08-1, aspect ratio 3/4-4/3, bilinear with antialiasing),
+    horizontal flip with probability 1/2, then normalize: torchvision's ImageNet recipe, on a
+    uint8 tensor, drawing from the sample's own generator."""
+
+    def __init__(self, size, mean, std):
+        self.size, self.mean, self.std = size, torch.tensor(mean).view(3, 1, 1), torch.tensor(std).view(3, 1, 1)
+
+    def crop_box(self, height, width, generator):
+        area, log_ratio = height * width, (math.log(3 / 4), math.log(4 / 3))
+        for _ in range(10):
+            target = area * (0.08 + 0.92 * torch.rand(1, generator=generator).item())
+            ratio = math.exp(log_ratio[0] + (log_ratio[1] - log_ratio[0]) * torch.rand(1, generator=generator).item())
+            w, h = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(torch.randint(0, height - h + 1, (1,), generator=generator))
+                left = int(torch.randint(0, width - w + 1, (1,), generator=generator))
+                return top, left, h, w
+        # ten misses: the largest centred crop within the ratio range
+        w, h = min(width, int(round(height * 4 / 3))), min(height, int(round(width * 4 / 3)))
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def __call__(self, image, generator=None):
+        top, left, h, w = self.crop_box(image.shape[-2], image.shape[-1], generator)
+        image = TF.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)
+        if torch.rand(1, generator=generator).item() < 0.5:
+            image = TF.horizontal_flip(image)
+        return TF.to_dtype(image, torch.float32, scale=True).sub_(self.mean).div_(self.std)
+
+
+class ValTransform(TrainTransform):
+    """Resize the shorter side to size * 256/224, centre crop, normalize (ImageNet's evaluation)."""
+
+    def __call__(self, image, generator=None):
+        image = TF.resize(image, [int(self.size * 256 / 224)], antialias=True)
+        image = TF.center_crop(image, [self.size, self.size])
+        return TF.to_dtype(image, torch.float32, scale=True).sub_(self.mean).div_(self.std)
+
+
+def pack_samples(paths, targets, classes):
+    """Relative paths (str) and class indices -> the packed arrays ImageList reads."""
+    encoded = [p.encode() for p in paths]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return dict(paths=np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets=offsets,
+                targets=np.asarray(targets, dtype=np.int16 if len(classes) < 2**15 else np.int32),
+                classes=np.asarray(classes, dtype=str))
+
+
+def cache_dirs(folder):
+    """Where image lists are cached: next to the data (DATA/.image-lists), where every job on
+    the same data finds them, or, where the data folder is read-only, in the user's cache."""
+    home = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytorch-distributed")
+    return [os.path.join(os.path.dirname(os.path.realpath(folder)), ".image-lists"), home]
+
+
+def list_images(folder):
+    """Returns the packed sample list of an ImageFolder tree (pack_samples) and where it was read
+    from (None: listed now). The cache file's name holds a key of the folder's real path and each
+    class folder's name and modification time, which changes when files are added, removed or
+    renamed there, so a changed data set is never served from an old list. The file is written
+    by atomic rename: several jobs on several nodes may write it at once, the last one wins, and
+    a reader sees a whole file or none."""
     classes = sorted(d.name for d in os.scandir(folder) if d.is_dir())
     stamp = [(c, os.stat(os.path.join(folder, c)).st_mtime_ns) for c in classes]
-    key = hashlib.sha1(json.dumps([os.path.realpath(folder), stamp]).encode()).hexdigest()[:16]
-    cache = os.path.join(cache_dir, f"index-{os.path.basename(folder)}-{key}.json")
-    if os.path.isfile(cache):
-        with open(cache) as f:
-            return [tuple(s) for s in json.load(f)], True
-    samples = []
+    key = hashlib.sha1(json.dumps(["v2", os.path.realpath(folder), stamp]).encode()).hexdigest()[:16]
+    name = f"index-{os.path.basename(os.path.realpath(folder))}-{key}.npz"
+    for cache_dir in cache_dirs(folder):
+        with contextlib.suppress(Exception):  # absent, damaged or of another format: list again
+            with np.load(os.path.join(cache_dir, name)) as z:
+                if str(z["key"]) == key:
+                    return {k: z[k] for k in ("paths", "offsets", "targets", "classes")}, cache_dir
+    paths, targets = [], []
     for target, c in enumerate(classes):
         for dirpath, _, files in sorted(os.walk(os.path.join(folder, c), followlinks=True)):
-            samples += [(os.path.join(dirpath, f), target) for f in sorted(files) if f.lower().endswith(IMG_EXTENSIONS)]
-    if not samples:
+            rel = os.path.relpath(dirpath, folder)
+            paths += [os.path.join(rel, f) for f in sorted(files) if f.lower().endswith(IMG_EXTENSIONS)]
+            targets += [target] * (len(paths) - len(targets))
+    if not paths:
         raise UserError(f"{folder} has no images ({', '.join(IMG_EXTENSIONS[:3])}, ...)")
-    atomic_write(cache, lambda f: f.write(json.dumps(samples).encode()))
-    return samples, False
+    samples = pack_samples(paths, targets, classes)
+    for cache_dir in cache_dirs(folder):
+        try:
+            atomic_write(os.path.join(cache_dir, name), lambda f: np.savez(f, key=np.asarray(key), **samples))
+            break
+        except OSError:  # a read-only data folder: try the next place
+            continue
+    return samples, None
 
 
 def build_datasets(args, local_rank, rank):
-    normalize = T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-    resize = int(args.image_size * 256 / 224)
-    val_tf = T.Compose([T.Resize(resize), T.CenterCrop(args.image_size), T.ToTensor(), normalize])
-    train_tf = T.Compose([T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    val_tf, train_tf = ValTransform(args.image_size, mean, std), TrainTransform(args.image_size, mean, std)
     if args.dummy:
         train = FakeData(1280, args.image_size, 1000)
         return train, FakeData(256, args.image_size, 1000), 1000, ""
     with local_rank0_first(local_rank):
-        cache_dir = os.path.join(args.output_dir, "cache")
-        train_samples, hit = list_images(os.path.join(args.data, "train"), cache_dir)
-        val_samples, _ = list_images(os.path.join(args.data, "val"), cache_dir)
-    note = (f"rank {rank}: {'read the image lists from ' + cache_dir if hit else 'listed the images'}: "
-            f"{len(train_samples)} train, {len(val_samples)} val") if not hit or rank == 0 else ""
-    num_classes = 1 + max(t for _, t in train_samples)
-    train_set = ImageList(train_samples, train_tf if args.augment else val_tf)
-    return train_set, ImageList(val_samples, val_tf), num_classes, note
+        train_samples, cache_dir = list_images(os.path.join(args.data, "train"))
+        val_samples, _ = list_images(os.path.join(args.data, "val"))
+    n_train, n_val = len(train_samples["targets"]), len(val_samples["targets"])
+    note = (f"rank {rank}: {'read the image lists from ' + cache_dir if cache_dir else 'listed the images'}: "
+            f"{n_train} train, {n_val} val") if not cache_dir or rank == 0 else ""
+    num_classes = len(train_samples["classes"])
+    train_set = ImageList(os.path.join(args.data, "train"), train_samples, train_tf if args.augment else val_tf)
+    return train_set, ImageList(os.path.join(args.data, "val"), val_samples, val_tf), num_classes, note
+
+
+class SeededSampler(torch.utils.data.Sampler):
+    """Yields (index, seed) pairs from a DistributedSampler: the seed is the epoch's (epoch_seed),
+    and ImageList draws each sample's augmentation from (seed, index). Loader workers persist
+    across epochs, so their own RNGs are not re-seeded each epoch; this way a run resumed at an
+    epoch boundary still draws what the uninterrupted run drew, whatever the number of workers."""
+
+    skip = 0  # indices a run stopped mid-epoch had consumed: its resumed epoch starts after them
+
+    def __init__(self, sampler, seed_of_epoch):
+        self.sampler, self.seed_of_epoch = sampler, seed_of_epoch
+
+    def __iter__(self):
+        seed = self.seed_of_epoch(self.sampler.epoch)
+        return ((i, seed) for i in list(self.sampler)[self.skip:])
+
+    def __len__(self):
+        return len(self.sampler) - self.skip
+
+    def set_epoch(self, epoch):
+        self.sampler.set_epoch(epoch)
 
 
 class FakeData(torch.utils.data.Dataset):
@@ -386,7 +549,8 @@ class FakeData(torch.utils.data.Dataset):
     def __len__(self):
         return self.n
 
-    def __getitem__(self, i):
+    def __getitem__(self, item):
+        i = item[0] if isinstance(item, tuple) else item
         g = torch.Generator().manual_seed(i)
         return torch.randn(3, self.size, self.size, generator=g), i % self.num_classes
 
@@ -395,33 +559,22 @@ def build_loaders(train_set, val_set, args, rank, world_size, device):
     # Each process gets its own shard of every global batch. The training sampler shuffles
     # with the same seed on every rank, so the ranks' shards of a step together are the
     # batch one process would see: the run does not depend on the number of processes.
-    train_sampler = ResumableSampler(
-        train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed, drop_last=True)
+    train_sampler = SeededSampler(torch.utils.data.distributed.DistributedSampler(
+        train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed, drop_last=True),
+        lambda epoch: epoch_seed(args, rank, epoch))
     # Validation: rank r takes images r, r+W, r+2W, ... without padding, so each image is
     # counted exactly once (DistributedSampler would repeat some to even out the shards).
     val_indices = list(range(rank, len(val_set), world_size))
     per_process = args.batch_size // world_size
     # Loader workers are forked by default, as torchrun's processes do: a process started by
-    # mp.spawn would spawn them too, re-importing torch in each at every epoch. Where forking
-    # breaks (MPI with InfiniBand), --loader-start-method spawn or forkserver.
+    # mp.spawn would spawn them too, re-importing torch in each. They persist across epochs. Where
+    # forking breaks (MPI with InfiniBand), --loader-start-method spawn or forkserver.
     method = args.loader_start_method or ("fork" if "fork" in torch.multiprocessing.get_all_start_methods() else None)
     common = dict(batch_size=per_process, num_workers=args.workers, pin_memory=device.type == "cuda",
-                  multiprocessing_context=method if args.workers > 0 else None)
+                  multiprocessing_context=method if args.workers > 0 else None, persistent_workers=args.workers > 0)
     train_loader = torch.utils.data.DataLoader(train_set, sampler=train_sampler, drop_last=True, **common)
     val_loader = torch.utils.data.DataLoader(val_set, sampler=val_indices, **common)
     return train_loader, train_sampler, val_loader
-
-
-class ResumableSampler(torch.utils.data.distributed.DistributedSampler):
-    """DistributedSampler whose epoch can start after the first `skip` indices, those a run stopped
-    mid-epoch had consumed: the order depends only on seed and epoch, so the rest is the same."""
-    skip = 0
-
-    def __iter__(self):
-        return iter(list(super().__iter__())[self.skip:])
-
-    def __len__(self):
-        return super().__len__() - self.skip
 
 
 def create_model(args, num_classes):
@@ -524,40 +677,71 @@ def pid_alive(pid):
 
 
 def save_checkpoint(state, is_best, output_dir):
-    path = os.path.join(output_dir, "checkpoint.pth.tar")
-    atomic_write(path, lambda f: torch.save(state, f))
-    if is_best:
-        best = os.path.join(output_dir, "model_best.pth.tar")
-        with open(path, "rb") as src:
-            atomic_write(best, lambda f: shutil.copyfileobj(src, f))
+    """A full disk (or any write error) ends the run with one line; the previous files stay whole."""
+    data = io.BytesIO()  # serialized in memory first: torch.save into a file turns ENOSPC into an opaque error
+    torch.save(state, data)
+    for name in ("checkpoint.pth.tar", "model_best.pth.tar") if is_best else ("checkpoint.pth.tar",):
+        path = os.path.join(output_dir, name)
+        try:
+            atomic_write(path, lambda f: f.write(data.getbuffer()))
+        except OSError as e:
+            kept = "the previous one is kept" if os.path.exists(path) else "there is none"
+            raise UserError(f"cannot write {path}: {e.strerror or e} ({kept})") from None
+
+
+def checkpoint_classes(weights):
+    """Class count of a classifier's weights: the out features of its last layer."""
+    return next((v.shape[0] for k, v in reversed(weights.items()) if k.endswith("weight") and v.dim() >= 2), None)
 
 
 def load_checkpoint(path, model, optimizer, scaler, args, num_classes):
+    """Loads this project's checkpoints, whichever --amp and backend wrote them, and those of
+    pytorch/examples' ImageNet script (state_dict, optimizer, epoch, arch, best_acc1; DataParallel and
+    DDP prefix the weights' names with "module.")."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)  # a checkpoint cannot run code
     except Exception as e:
         raise UserError(f"cannot load checkpoint {path}: {str(e).splitlines()[0]}") from None
-    if ckpt.get("arch") != args.arch or ckpt.get("num_classes") != num_classes:
-        raise UserError(f"checkpoint {path} is for {ckpt.get('arch')} with {ckpt.get('num_classes')} classes, "
+    weights = ckpt.get("model", ckpt.get("state_dict")) if isinstance(ckpt, dict) else None
+    if not isinstance(weights, dict) or "epoch" not in ckpt:
+        raise UserError(f"checkpoint {path} has no model weights and epoch: not a training checkpoint")
+    weights = {".".join(n for n in k.split(".") if n != "module"): v for k, v in weights.items()}
+    classes = ckpt.get("num_classes") or checkpoint_classes(weights)
+    if ckpt.get("arch") != args.arch or classes != num_classes:
+        raise UserError(f"checkpoint {path} is for {ckpt.get('arch')} with {classes} classes, "
                         f"not --arch {args.arch} with {num_classes}")
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    scaler.load_state_dict(ckpt["scaler"])
-    return ckpt["epoch"], ckpt["best_acc1"], ckpt.get("step", 0)
+    try:
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise UserError(f"checkpoint {path} does not fit the model: {str(e).strip().splitlines()[0]}") from None
+    if ckpt.get("scaler"):  # empty when written without fp16 (a disabled GradScaler): the fresh one starts
+        scaler.load_state_dict(ckpt["scaler"])
+    return ckpt["epoch"], float(ckpt.get("best_acc1", 0.0)), ckpt.get("step", 0)
 
 
-def log_metrics(args, record):
-    with open(os.path.join(args.output_dir, "metrics.jsonl"), "a") as f:
-        f.write(json.dumps(record) + "\n")
+def report_once(rank):
+    """Every rank found the same problem: rank 0 reports it, the others leave quietly, after a pause
+    so that a launcher that stops the job at the first exit does not stop rank 0 before it has said why."""
+    if rank != 0:
+        time.sleep(2)
+        sys.exit(2)
+
+
+def log_metrics(args, row):
+    path = os.path.join(args.output_dir, "metrics.jsonl")
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def main_worker(local_rank, rank, world_size, args):
     try:
         check_args(args, world_size)
     except UserError:
-        if rank != 0:  # every rank found the same problem: rank 0 reports it once, and
-            time.sleep(2)  # a launcher that stops the job at the first exit must not stop it first
-            sys.exit(2)
+        report_once(rank)
         raise
     if (rank == 0 and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
             and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"):
@@ -575,27 +759,30 @@ def main_worker(local_rank, rank, world_size, args):
 def train_and_evaluate(args, device, local_rank, rank, world_size):
     args.amp, args.channels_last, why = choose_precision(args, device)
     amp = args.amp
-    if rank == 0:
-        print(f"{SCRIPT}: amp: {amp if amp != 'off' else 'fp64' if args.fp64 else 'fp32'} ({why}), "
-              f"channels_last {'on' if args.channels_last else 'off'}", flush=True)
     seed_all(args.seed + rank)  # ranks draw different augmentations, reproducibly
-    if args.deterministic:
+    if args.deterministic:  # cuBLAS is deterministic only with this workspace setting (else torch refuses)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = not args.deterministic
     os.makedirs(args.output_dir, exist_ok=True)
     train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
     train_loader, train_sampler, val_loader = build_loaders(train_set, val_set, args, rank, world_size, device)
+    if len(train_loader) == 0 and not args.evaluate:  # no full batch per process: nothing to train on
+        report_once(rank)
+        raise UserError(f"the {len(train_set)} training images make no full batch of {args.batch_size}: "
+                        "lower --batch-size")
 
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     dtype = torch.float64 if args.fp64 else torch.float32
     torch.manual_seed(args.seed)  # same initial weights in every process, as one process would have
     model = create_model(args, num_classes)
     if args.sync_bn:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = sync_batchnorm(model)
     model.to(device, dtype, memory_format=memory_format)
-    optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                                fused=device.type == "cuda" or None)  # one kernel on GPUs; CPU: PyTorch's default
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
-    start_epoch, best_acc1, start_step = 0, 0.0, 0
+    start_epoch, best_acc1, start_step = args.start_epoch, 0.0, 0
     resume = args.resume
     if args.auto_resume and os.path.isfile(os.path.join(args.output_dir, "checkpoint.pth.tar")):
         resume = os.path.join(args.output_dir, "checkpoint.pth.tar")
@@ -603,8 +790,15 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         start_epoch, best_acc1, start_step = load_checkpoint(resume, model, optimizer, scaler, args, num_classes)
     bare_model = model
     model, optimizer = distribute(model, optimizer, args, device)
+    eval_model = model if isinstance(model, nn.DataParallel) else bare_model  # DDP's forward would sync buffers
     if rank == 0:
         opt = type(optimizer)
+        fused = " (fused)" if optimizer.defaults.get("fused") else ""
+        print(f"{SCRIPT}: amp: {amp if amp != 'off' else 'fp64' if args.fp64 else 'fp32'} ({why}), "
+              f"channels_last {'on' if args.channels_last else 'off'}, optimizer {opt.__module__}.{opt.__name__}{fused}; "
+              f"batch {args.batch_size // world_size} per process, {args.epochs} epochs, lr {args.lr:g} "
+              f"(/10 every {args.lr_step} epochs), weight decay {args.weight_decay:g}, {args.workers} loader "
+              f"workers per process ({'demo settings' if args.demo else 'ImageNet recipe'})", flush=True)
         print(f"{SCRIPT}: {world_size} process(es), backend {args.dist_backend}, device {device.type}, "
               f"{args.arch}, batch {args.batch_size} ({args.batch_size // world_size} per process), "
               f"precision {amp if amp != 'off' else 'fp64' if args.fp64 else 'fp32'}, optimizer {opt.__module__}.{opt.__name__}, "
@@ -616,7 +810,7 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
                world_size=world_size)
 
     if args.evaluate:
-        val = validate(val_loader, bare_model, ctx)
+        val = validate(val_loader, eval_model, ctx)
         if rank == 0:
             log_metrics(args, dict(script=SCRIPT, world_size=world_size, epoch=start_epoch, **val))
         return
@@ -637,7 +831,7 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
                       "--auto-resume continues from there", flush=True)
             return
         average_buffers(bare_model, world_size)
-        val = validate(val_loader, bare_model, ctx)
+        val = validate(val_loader, eval_model, ctx)
         is_best = val["val_acc1"] > best_acc1
         best_acc1 = max(val["val_acc1"], best_acc1)
         if rank == 0:
@@ -661,6 +855,16 @@ def average_buffers(model, world_size):
     flat = all_reduce_sum(torch.cat([b.detach().double().reshape(-1) for b in buffers])) / world_size
     for b, value in zip(buffers, flat.split([b.numel() for b in buffers])):
         b.copy_(value.view_as(b))
+
+
+def main_and_aux_outputs(output):
+    """inception_v3 and googlenet return (logits, auxiliary logits...) in training: the auxiliary
+    classifiers' losses are added with torchvision's reference weights (0.4 for inception_v3's one,
+    0.3 for each of googlenet's two)."""
+    if not isinstance(output, tuple):
+        return output, []
+    main, *aux = [o for o in output if o is not None]
+    return main, [(0.4 if len(aux) == 1 else 0.3, a) for a in aux]
 
 
 def accuracy_counts(output, target, ks=(1, 5)):
@@ -689,8 +893,8 @@ def train(loader, model, optimizer, scaler, epoch, ctx):
         target = target.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.float16 if ctx["amp"] == "fp16" else torch.bfloat16,
                             enabled=ctx["amp"] != "off"):
-            output = model(images)
-            loss = F.cross_entropy(output, target)
+            output, aux = main_and_aux_outputs(model(images))
+            loss = F.cross_entropy(output, target) + sum(w * F.cross_entropy(a, target) for w, a in aux)
         optimizer.zero_grad()  # sets the gradients to None (torch >= 2.0): no memset
         scaler.scale(loss).backward()
         scaler.step(optimizer)

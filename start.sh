@@ -15,14 +15,23 @@ Usage: [VAR=value ...] bash $PROG [-h] [-o RESULTS_DIR] [-e EPOCHS] [-b BATCH] [
 Trains with each backend in turn, each under statistics.sh, and writes
 RESULTS_DIR/benchmark.csv, benchmark.md and benchmark.png (default RESULTS_DIR: results).
 Backends: dataparallel, distributed (torchrun), distributed-launch (python -m
-torch.distributed.launch), multiprocessing (mp.spawn), apex (torchrun, mixed precision
-+ channels_last), horovod (horovodrun, when horovod.torch imports), slurm (srun, when
-sinfo shows an idle node). Those that cannot run are listed with the reason.
+torch.distributed.launch), multiprocessing (mp.spawn), apex (torchrun, --amp auto: mixed
+precision + channels_last where the hardware runs it natively, else fp32), horovod
+(horovodrun, when horovod.torch imports), slurm (srun, when sinfo shows an idle node).
+Those that cannot run are listed with the reason. On CPU, tools/cpu_peak.py first measures
+the matmul peak, for the MFU column.
 
 CPU (default without GPUs): ResNet-18, 224 px, global batch 32, demo JPEGs (data/demo,
 made if absent), EPOCHS=1, WORKERS=1 loader process per training process, PROCS=2
 processes x (nproc / PROCS) threads for the multi-process backends, one process x nproc
 threads for dataparallel. A full run takes about 5 minutes on 2 cores.
+
+ImageNet-shaped data: DATA=data/imagenet-shaped bash $PROG makes it if absent (1000 classes,
+20 training and 5 validation JPEGs per class, ImageNet's image and file sizes; a few minutes
+on 2 cores; tools/make_demo_data.py --imagenet). On CPU, IMAGE_SIZE=64 keeps an epoch short.
+Before the runs, tools/loader_bench.py --quick times one loader process on DATA; the table's
+"loader img/s per core" column shows it, and "loader cores needed" the cores each run's loader
+workers need in all to keep up (divide by the GPUs for cores per GPU).
 
 GPU nodes: DATA=/path/to/imagenet GPUS=0,1,2,3 bash $PROG
   one process per GPU (DataParallel: one process driving all of them), nccl; defaults
@@ -40,7 +49,8 @@ Options and environment (flags win over environment):
   PYTHON (default: .venv/bin/python if present, else python3), TORCHRUN
   PEAK_TFLOPS   peak TFLOP/s of the hardware one run uses, in all, for the MFU column (default: on
                 GPUs, the dense bf16 tensor-core peak of the GPUs used, from a table by nvidia-smi
-                name, in tools/benchmark_report.py; on CPU none: MFU left blank, model TFLOP/s shown)
+                name, in tools/benchmark_report.py; on CPU, the matmul peak tools/cpu_peak.py
+                measures first, in the precision each run used)
 EOF
 }
 
@@ -118,7 +128,15 @@ if [[ $DATA == data/demo && ! -d data/demo ]]; then
     echo "$PROG: creating the demo data set in data/demo"
     "$PYTHON" tools/make_demo_data.py --out data/demo
 fi
+if [[ $DATA == data/imagenet-shaped && ! -d data/imagenet-shaped ]]; then
+    echo "$PROG: creating the ImageNet-shaped data set in data/imagenet-shaped (a few minutes)"
+    "$PYTHON" tools/make_demo_data.py --imagenet --out data/imagenet-shaped --train-images 20000 --val-images 5000
+fi
 [[ -d $DATA ]] || die "data folder $DATA does not exist"
+# one loader process's images/s per core on this data: the scripts' decode + training transform
+LOADER_IPS=$("$PYTHON" -W ignore tools/loader_bench.py --data "$DATA" --paths tv --quick --images 200 --rounds 1 \
+             --image-size "$IMAGE_SIZE" 2>/dev/null) || LOADER_IPS=""
+[[ $LOADER_IPS =~ ^[0-9]+$ ]] || LOADER_IPS=""
 
 RUNS=$RESULTS/runs
 rm -rf -- "$RUNS"
@@ -224,9 +242,13 @@ else
 fi
 echo "$PROG: $CONFIG"
 echo "$PROG: load average before: $LOAD_BEFORE; logs in $RUNS/"
+echo "$PROG: data loader: ${LOADER_IPS:-?} images/s per core on $DATA (tools/loader_bench.py --quick)"
 if awk -v l="${LOAD_BEFORE%% *}" -v c="$CORES" 'BEGIN { exit !(l > c / 2) }'; then
     echo "$PROG: warning: the machine is busy (load ${LOAD_BEFORE%% *} on $CORES cores): other processes' CPU use" \
          "will lower and skew images/s; the 'images per core-s' column is less sensitive to it" >&2
+fi
+if [[ $MODE == cpu ]]; then  # the CPU's capability and matmul peak at the runs' thread counts, for MFU
+    "$PYTHON" tools/cpu_peak.py --threads "$THREADS,$DP_THREADS" --json "$RUNS/cpu_peak.json" | sed "s/^/$PROG: /"
 fi
 T0=$SECONDS
 
@@ -237,7 +259,7 @@ wanted dataparallel && run_backend dataparallel "python dataparallel.py ($SHAPE_
 wanted distributed && run_backend distributed "torchrun distributed.py" "${MP_SHAPE[@]}" -- \
     "$TORCHRUN" --standalone --nproc_per_node="$PROCS" distributed.py "${COMMON[@]}" "${THREAD_ARGS[@]}"
 # apex right after dataparallel and distributed: the three runs the bars compare go first, back to back
-wanted apex && run_backend apex "torchrun apex_distributed.py (amp auto + channels_last)" "${MP_SHAPE[@]}" -- \
+wanted apex && run_backend apex "torchrun apex_distributed.py (--amp auto)" "${MP_SHAPE[@]}" -- \
     "$TORCHRUN" --standalone --nproc_per_node="$PROCS" apex_distributed.py "${COMMON[@]}" "${THREAD_ARGS[@]}"
 wanted distributed-launch && run_backend distributed-launch "python -m torch.distributed.launch distributed.py" \
     "${MP_SHAPE[@]}" -- "$PYTHON" -m torch.distributed.launch --nproc_per_node="$PROCS" --master_addr=127.0.0.1 \
@@ -281,5 +303,5 @@ echo "$PROG: all runs took ${WALL}s; load average after: $LOAD_AFTER"
 "$PYTHON" tools/benchmark_report.py --results "$RESULTS" --wall "$WALL" --config "$CONFIG" \
     --arch "$ARCH" --image-size "$IMAGE_SIZE" \
     --command "${START_COMMAND:-$CMDLINE}" --title "$( [[ $MODE == gpu ]] && echo "GPU ($GPUS)" || echo "CPU ($CORES cores)")" \
-    --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER"
+    --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" ${LOADER_IPS:+--loader-ips "$LOADER_IPS"}
 exit "$FAILED"

@@ -42,15 +42,27 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
     assert float(rows["dataparallel"]["images_per_s"]) > 0 and float(rows["distributed"]["images_per_s"]) > 0
     assert rows["distributed"]["processes"] == "2"
     assert rows["horovod"]["status"] == "skipped" and "install-horovod.sh" in rows["horovod"]["note"]
-    # model TFLOP/s of resnet18 at start.sh's 32 px; no MFU on CPU without PEAK_TFLOPS
+    # model TFLOP/s of resnet18 at start.sh's 32 px; CPU MFU against the fp32 matmul peak measured first,
+    # at each run's threads per process, times its processes
     flops = train_flops_per_image("resnet18", 32)
+    peak = json.loads((out / "runs" / "cpu_peak.json").read_text())
     for name in ("dataparallel", "distributed"):
-        assert float(rows[name]["train_tflops"]) == pytest.approx(float(rows[name]["images_per_s"]) * flops / 1e12,
-                                                                  rel=0.01)
-        assert rows[name]["mfu_pct"] == ""
+        r = rows[name]
+        tflops = float(r["images_per_s"]) * flops / 1e12
+        assert float(r["train_tflops"]) == pytest.approx(tflops, rel=0.01)
+        gflops = peak["peak_gflops"]["fp32"][r["threads_per_process"]]
+        assert float(r["peak_tflops"]) == pytest.approx(int(r["processes"]) * gflops / 1000, rel=0.01)
+        assert float(r["mfu_pct"]) == pytest.approx(100 * tflops / float(r["peak_tflops"]), rel=0.02)
+    # the loader columns: one loader process's images/s per core on DATA, and the cores each run needs
+    loader = float(rows["distributed"]["loader_images_per_core_s"])
+    assert loader > 0 and float(rows["dataparallel"]["loader_images_per_core_s"]) == loader
+    assert float(rows["distributed"]["loader_cores_needed"]) == pytest.approx(
+        float(rows["distributed"]["images_per_s"]) / loader, rel=0.02)
     md = (out / "benchmark.md").read_text()
+    assert "loader img/s per core" in md
     assert "| dataparallel |" in md and "horovod" in md and "distributed / dataparallel" in md
-    assert "| model TFLOP/s | MFU % |" in md and "PEAK_TFLOPS" in md
+    assert "| model TFLOP/s | MFU % |" in md and "GFLOP/s measured fp32 matmul" in md
+    assert f"- CPU capability: {peak['capability']}, native bf16: " in md and "GFLOP/s at 1 thread(s)" in md
     with Image.open(out / "benchmark.png") as png:
         assert png.format == "PNG" and png.width > 200
 
@@ -93,3 +105,26 @@ def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):
     assert float(row["train_tflops"]) == pytest.approx(40 * flops64 / 1e12, abs=1e-4)
     assert float(row["mfu_pct"]) == pytest.approx(100 * 40 * flops64 / 0.5e12, abs=1e-3)
     assert float(row["peak_tflops"]) == 0.5
+
+
+def test_mixed_precision_bar_depends_on_native_support():
+    """Where bf16 is native, mixed precision must pay (>= 1.8x); elsewhere auto picks fp32 and
+    must merely cost nothing (>= 0.95x)."""
+    def rows(ratio, amp):
+        return [dict(backend="distributed", status="ok", processes="2", threads_per_process="1", images_per_s=10.0,
+                     data_wait_pct=None,
+                     amp="off"),
+                dict(backend="apex", status="ok", processes="2", threads_per_process="1", images_per_s=10.0 * ratio,
+                     data_wait_pct=None,
+                     amp=amp)]
+    amp_check = lambda checks: next(c for c in checks if c["name"] == "apex / distributed")  # noqa: E731
+    assert amp_check(benchmark_report.check_bars(rows(0.97, "off"), False))["ok"] is True
+    assert amp_check(benchmark_report.check_bars(rows(0.90, "off"), False))["ok"] is False
+    native = amp_check(benchmark_report.check_bars(rows(1.5, "bf16"), True))
+    assert native["ok"] is False and native["bar"] == ">= 1.80x" and "bf16" in native["what"]
+    assert amp_check(benchmark_report.check_bars(rows(2.0, "bf16"), True))["ok"] is True
+    # a bf16 run on a CPU without native bf16 has no peak to divide by: MFU blank, with the reason
+    r = benchmark_report.add_mfu([dict(gpus="-", processes="2", threads_per_process="1", images_per_s=5.0,
+                                       amp="bf16")], 1e9, cpu_peak=dict(capability="AVX2", native_bf16=False,
+                                                                       peak_gflops={"fp32": {"1": 100.0}}))[0]
+    assert r["mfu_pct"] is None and "not native" in r["peak_source"]

@@ -39,13 +39,6 @@ def test_demo_data_is_reproducible_jpeg_of_varied_sizes(tmp_path):
     assert len(sizes) > 1 and all(Image.open(tmp_path / "a" / f).format == "JPEG" for f in files)
 
 
-def test_apex_script_says_which_precision_path_it_took_first(tiny_data, tmp_path):
-    p = run(launch_cmd("torchrun", 2, "apex_distributed.py") + ["--data", tiny_data, *TINY, "--output-dir", str(tmp_path)])
-    first = p.stdout.splitlines()[0]
-    assert "precision bf16" in first and "optimizer torch.optim.sgd.SGD" in first, first
-    assert metrics(str(tmp_path))[-1]["amp"] == "bf16"
-
-
 def test_old_style_local_rank_flag_is_accepted(tiny_data, tmp_path):
     run(launch_cmd("python", 1, "distributed.py") + ["--local_rank=0", "--data", tiny_data, *TINY, "--evaluate",
                                                      "--output-dir", str(tmp_path)])

@@ -53,10 +53,13 @@ def test_ranks_draw_different_augmentations_reproducibly(tiny_data, tmp_path):
 
 def test_rank0_first_prepares_the_data_once_per_node(tiny_data, tmp_path):
     from conftest import TINY, launch_cmd, run
-    p = run(launch_cmd("torchrun", 3, "distributed.py") + ["--data", tiny_data, *TINY, "--evaluate",
-                                                           "--output-dir", str(tmp_path)])
+    data = tmp_path / "data"  # a fresh copy: no job has listed it yet
+    shutil.copytree(tiny_data, data, ignore=shutil.ignore_patterns(".image-lists"))
+    p = run(launch_cmd("torchrun", 3, "distributed.py") + ["--data", str(data), *TINY, "--evaluate",
+                                                           "--output-dir", str(tmp_path / "run1")])
     assert p.stdout.count("listed the images") == 1  # local rank 0 listed; ranks 1 and 2 waited, then read its cache
-    assert len(os.listdir(tmp_path / "cache")) == 2  # train and val lists
-    p = run(launch_cmd("torchrun", 3, "distributed.py") + ["--data", tiny_data, *TINY, "--evaluate",
-                                                           "--output-dir", str(tmp_path)])
-    assert p.stdout.count("listed the images") == 0 and "read the image lists" in p.stdout
+    assert len(os.listdir(data / ".image-lists")) == 2  # train and val lists, beside the data
+    # another job, with its own output folder, finds the lists there
+    p = run(launch_cmd("torchrun", 3, "distributed.py") + ["--data", str(data), *TINY, "--evaluate",
+                                                           "--output-dir", str(tmp_path / "run2")])
+    assert p.stdout.count("listed the images") == 0 and f"read the image lists from {data}" in p.stdout

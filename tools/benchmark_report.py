@@ -14,8 +14,10 @@ MFU (model FLOPs utilization), as nanoGPT reports it: train_tflops = images/s x 
 FLOPs per image (forward + backward, counted by tools/model_flops.py for --arch at
 --image-size) / 1e12, all processes together; mfu_pct = 100 x train_tflops / peak, where the
 peak is PEAK_TFLOPS (--peak-tflops, the total for the run) or, for GPU runs, the sum over the
-GPUs used of GPU_PEAK_TFLOPS for their nvidia-smi names. On CPU without PEAK_TFLOPS, mfu_pct
-is left blank: there is no peak to divide by.
+GPUs used of GPU_PEAK_TFLOPS for their nvidia-smi names. On CPU the peak is measured:
+start.sh runs tools/cpu_peak.py first (RESULTS/runs/cpu_peak.json: the CPU's capability and
+its matmul GFLOP/s per thread count in fp32 and, where native, bf16), and a run of P
+processes x T threads in precision X is measured against P x peak_X(T).
 """
 import argparse
 import csv
@@ -24,6 +26,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -31,9 +34,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from model_flops import train_flops_per_image  # noqa: E402
 
-# (name of the run under test, name of the baseline, minimum ratio, what it checks)
+# (name of the run under test, name of the baseline, minimum ratio, what it checks). The
+# mixed-precision bar depends on the hardware: where bf16 (or fp16 on GPUs) runs natively,
+# --amp auto must pay off; elsewhere it picks fp32 and must merely cost nothing.
+AMP_BAR_NATIVE, AMP_BAR_OTHER = 1.8, 0.95
 BARS = {
-    "amp": ("apex", "distributed", 2.0, "mixed precision (bf16 autocast + channels_last) vs fp32 DDP, images/s"),
+    "amp": ("apex", "distributed", None, "mixed precision (apex_distributed.py, --amp auto: {amp}) vs fp32 DDP, "
+                                         "images/s, {hw}"),
     "ddp": ("distributed", "dataparallel", 0.90, "DDP {p} procs x {t} thread(s) vs one process x {c} threads, images/s"),
 }
 DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
@@ -41,8 +48,9 @@ DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
 # Peak TFLOP/s of one GPU for MFU: dense (no 2:4 sparsity) bf16/fp16 tensor-core figures
 # from NVIDIA's data sheets (the "with sparsity" figures are twice these), as nanoGPT uses
 # (312 for an A100). Runs in fp32 (the distributed and dataparallel backends) are measured
-# against the same peak, as in nanoGPT, so their MFU is low by design. Entries: (substring of
-# the upper-cased nvidia-smi name, TFLOP/s); the first match wins. Names containing NVL (H100
+# against the same peak, as in nanoGPT, so their MFU is low by design. Entries: (words found in
+# a row among the nvidia-smi name's words, upper-cased, split at anything but letters and digits,
+# TFLOP/s); the first match wins. Names containing NVL (H100
 # NVL, H200 NVL: lower clocks and power) match none: set PEAK_TFLOPS for those and any GPU
 # not listed.
 GPU_PEAK_TFLOPS = [
@@ -51,6 +59,7 @@ GPU_PEAK_TFLOPS = [
     ("H100 80GB HBM3", 989.0),  # what nvidia-smi calls the H100 SXM5
     ("H100", 989.0),  # other H100 names: the SXM figure
     ("H200", 989.0),
+    ("GH200", 989.0),  # Grace Hopper: its H100 GPU
     ("A100", 312.0),  # SXM and PCIe alike
     ("L40S", 362.0),
     ("V100", 125.0),  # SXM2; the V100 PCIe's figure is 112
@@ -59,6 +68,7 @@ GPU_PEAK_TFLOPS = [
 COLUMNS = ["backend", "launcher", "status", "processes", "threads_per_process", "gpus", "images_per_s",
            "train_tflops", "mfu_pct", "peak_tflops", "epoch_time_s", "val_acc1", "peak_memory_rank0_mb",
            "peak_rss_tree_mb", "mean_util", "util_kind", "images_per_core_s", "data_wait_pct", "wall_s", "note"]
+COLUMNS += ["loader_images_per_core_s", "loader_cores_needed"]
 
 
 def read_manifest(path):
@@ -109,6 +119,24 @@ def read_stats(path, gpus):
     return (statistics.mean(util) if util else None), "GPU util %", (max(mem.values()) if mem else None)
 
 
+def read_cpu_peak(path):
+    """tools/cpu_peak.py's JSON (capability, native_bf16, peak_gflops), or None."""
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def cpu_line(cpu_peak):
+    """'AVX2, native bf16: no; measured matmul peak: fp32 95.0 GFLOP/s at 1 thread, 180 at 2', or ''."""
+    if not cpu_peak:
+        return ""
+    peaks = "; ".join(f"{dtype} " + ", ".join(f"{g:g} GFLOP/s at {t} thread(s)" for t, g in by.items())
+                      for dtype, by in cpu_peak["peak_gflops"].items())
+    return (f"{cpu_peak['capability']}, native bf16: {'yes' if cpu_peak['native_bf16'] else 'no'}; "
+            f"measured matmul peak ({cpu_peak.get('method', 'torch.mm')}): {peaks}")
+
+
 def fmt(x, digits=1):
     return "" if x is None else f"{x:.{digits}f}"
 
@@ -137,10 +165,14 @@ def machine_info():
 
 def gpu_peak_tflops(name):
     """Dense bf16/fp16 peak TFLOP/s of one GPU from its nvidia-smi name; None when not in GPU_PEAK_TFLOPS."""
-    upper = name.upper()
-    if "NVL" in upper:
+    words = re.findall(r"[A-Z0-9]+", name.upper())  # "NVIDIA A100-SXM4-80GB" -> NVIDIA A100 SXM4 80GB
+    if "NVL" in words:
         return None
-    return next((peak for key, peak in GPU_PEAK_TFLOPS if key in upper), None)
+
+    def holds(key):  # the key's words, in a row: "A100" is in "A100-SXM4", not in "RTX A1000"
+        k = key.split()
+        return any(words[i:i + len(k)] == k for i in range(len(words)))
+    return next((peak for key, peak in GPU_PEAK_TFLOPS if holds(key)), None)
 
 
 def nvidia_smi_gpus():
@@ -158,13 +190,31 @@ def nvidia_smi_gpus():
     return gpus
 
 
-def run_peak(row, peak_tflops=None, gpu_names=None):
+def cpu_run_peak(row, cpu_peak):
+    """(peak TFLOP/s of a CPU run from the measured matmul peaks, or None; where it comes from)."""
+    if not cpu_peak:
+        return None, "CPU run: no measured peak (tools/cpu_peak.py did not run)"
+    precision = "bf16" if row.get("amp") == "bf16" else "fp32"
+    by_threads = cpu_peak["peak_gflops"].get(precision)
+    if not by_threads:
+        return None, f"CPU run in {precision}: not native on this CPU ({cpu_peak['capability']}), so no peak"
+    threads, procs = str(row.get("threads_per_process")), str(row.get("processes") or "1")
+    if not procs.isdigit():  # a run that did not happen
+        return None, "not run"
+    procs = int(procs)
+    if threads not in by_threads:
+        return None, f"CPU run: no peak measured at {threads} thread(s)"
+    return (procs * by_threads[threads] / 1000,
+            f"CPU: {procs} x {by_threads[threads]:g} GFLOP/s measured {precision} matmul at {threads} thread(s)")
+
+
+def run_peak(row, peak_tflops=None, gpu_names=None, cpu_peak=None):
     """(peak TFLOP/s of the hardware the run used, or None; a few words on where it comes from)."""
     if peak_tflops:
         return peak_tflops, f"PEAK_TFLOPS={peak_tflops:g}"
     used = [g.strip() for g in str(row.get("gpus") or "").split(",") if g.strip() not in ("", "-")]
     if not used:
-        return None, "CPU run: no peak known"
+        return cpu_run_peak(row, cpu_peak)
     gpu_names = nvidia_smi_gpus() if gpu_names is None else gpu_names
     names = [gpu_names.get(g) for g in used]
     if None in names:
@@ -184,13 +234,14 @@ def mfu(images_per_s, flops_per_image, peak_tflops):
     return tflops, (100 * tflops / peak_tflops if peak_tflops else None)
 
 
-def add_mfu(rows, flops_per_image, peak_tflops=None, gpu_names=None):
+def add_mfu(rows, flops_per_image, peak_tflops=None, gpu_names=None, cpu_peak=None):
     """Fill train_tflops, mfu_pct, peak_tflops and peak_source of every row (in place); returns rows.
-    gpu_names: {nvidia-smi index or uuid: name}; default: ask nvidia-smi (once) when a row used GPUs."""
+    gpu_names: {nvidia-smi index or uuid: name}; default: ask nvidia-smi (once) when a row used GPUs.
+    cpu_peak: tools/cpu_peak.py's result, for the CPU runs."""
     if gpu_names is None and not peak_tflops and any(str(r.get("gpus") or "-") not in ("", "-") for r in rows):
         gpu_names = nvidia_smi_gpus()
     for r in rows:
-        r["peak_tflops"], r["peak_source"] = run_peak(r, peak_tflops, gpu_names)
+        r["peak_tflops"], r["peak_source"] = run_peak(r, peak_tflops, gpu_names, cpu_peak)
         r["train_tflops"], r["mfu_pct"] = mfu(r.get("images_per_s"), flops_per_image, r["peak_tflops"])
     return rows
 
@@ -236,14 +287,30 @@ def summarise(results):
     return rows
 
 
-def check_bars(rows):
+def add_loader(rows, loader_ips):
+    """loader_ips: images/s one loader process decodes and augments per CPU core (tools/loader_bench.py
+    --quick on the run's data); loader cores needed: a run's images/s over it, all processes together."""
+    for r in rows:
+        r["loader_images_per_core_s"] = loader_ips
+        r["loader_cores_needed"] = (r["images_per_s"] / loader_ips
+                                    if loader_ips and r.get("images_per_s") and r["status"] == "ok" else None)
+    return rows
+
+
+def check_bars(rows, native_mixed_precision):
+    """native_mixed_precision: whether the hardware runs bf16 (CPU) or fp16/bf16 (GPU) natively."""
     by = {r["backend"]: r for r in rows if r["status"] == "ok"}
     checks = []
     for key, (test, base, minimum, what) in BARS.items():
         t, b = by.get(test), by.get(base)
+        if minimum is None:
+            minimum = AMP_BAR_NATIVE if native_mixed_precision else AMP_BAR_OTHER
+        amp = {"off": "fp32", None: "?"}.get((t or {}).get("amp"), (t or {}).get("amp"))
+        what = what.format(p=(t or {}).get("processes"), t=(t or {}).get("threads_per_process"),
+                           c=(b or {}).get("threads_per_process"), amp=amp,
+                           hw="native mixed precision" if native_mixed_precision else "no native bf16")
         if t and b and t["images_per_s"] and b["images_per_s"]:
             ratio = t["images_per_s"] / b["images_per_s"]
-            what = what.format(p=t["processes"], t=t["threads_per_process"], c=b["threads_per_process"])
             text = f"{t['images_per_s']:.1f} / {b['images_per_s']:.1f} img/s = {ratio:.2f}x"
             if t.get("images_per_core_s") and b.get("images_per_core_s"):
                 text += f" (per core-s: {t['images_per_core_s'] / b['images_per_core_s']:.2f}x)"
@@ -275,7 +342,7 @@ def fmt_tflops(x):
 
 
 def write_csv(rows, path):
-    digits = {"train_tflops": 4, "mfu_pct": 3}
+    digits = {"train_tflops": 4, "mfu_pct": 3, "peak_tflops": 4, "loader_cores_needed": 4}
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(COLUMNS)
@@ -313,20 +380,23 @@ def write_md(rows, checks, info, args, path):
              f"- command: `{args.command}` (wall time {args.wall:.0f} s)" if args.wall else f"- command: `{args.command}`",
              f"- configuration: {args.config}" if args.config else "",
              f"- machine: {info['nproc']} CPU(s) (`nproc`), {info['cpu']}; GPUs: {info['gpus']}",
+             f"- CPU capability: {cpu_line(info.get('cpu_peak'))}" if info.get("cpu_peak") else "",
              f"- software: torch {info['torch']}, Python {info['python']}",
              f"- date: {info['date']}",
              f"- load average before / after: {args.load_before} / {args.load_after}" if args.load_before else "",
              "", "## Results", "",
              "| backend | launcher | processes | threads/proc | GPUs | images/s | model TFLOP/s | MFU % | "
              "epoch time (s) | val Acc@1 | "
-             f"peak mem rank 0 (MiB) | peak RSS tree (MiB) | {util_head} | images per core-s | data wait % |",
-             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             f"peak mem rank 0 (MiB) | peak RSS tree (MiB) | {util_head} | images per core-s | data wait % |"
+             " loader img/s per core | loader cores needed |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in ok_rows:
         lines.append(f"| {r['backend']} | {r['launcher']} | {r['processes']} | {r['threads_per_process']} | {r['gpus']} | "
                      f"{fmt(r['images_per_s'])} | {fmt_tflops(r['train_tflops'])} | {fmt(r['mfu_pct'], 2)} | "
                      f"{fmt(r['epoch_time_s'])} | {fmt(r['val_acc1'])} | "
                      f"{fmt(r['peak_memory_rank0_mb'], 0)} | {fmt(r['peak_rss_tree_mb'], 0)} | {fmt(r['mean_util'], 0)} | "
-                     f"{fmt(r['images_per_core_s'])} | {fmt(r['data_wait_pct'])} |")
+                     f"{fmt(r['images_per_core_s'])} | {fmt(r['data_wait_pct'])} | "
+                     f"{fmt(r.get('loader_images_per_core_s'), 0)} | {fmt(r.get('loader_cores_needed'), 2)} |")
     others = [r for r in rows if r["status"] != "ok"]
     if others:
         lines += ["", "Not run or failed:", ""]
@@ -341,7 +411,11 @@ def write_md(rows, checks, info, args, path):
               f"{util_head}: mean over the whole run (start-up and validation included). "
               "images per core-s: images/s divided by mean CPU % / 100, a rough contention-independent "
               "efficiency (CPU time other users take from the run lowers images/s but not this). "
-              "data wait: share of the epoch the training loop waited for the data loader (rank 0).",
+              "data wait: share of the epoch the training loop waited for the data loader (rank 0). "
+              "loader img/s per core: JPEGs of the run's data that one loader process decodes and augments "
+              "(training transform) per CPU second, the scripts' own code, timed by tools/loader_bench.py "
+              "--quick before the runs; loader cores needed: images/s over it, the CPU cores the run's "
+              "loader workers need in all to keep up (divide by the GPUs for cores per GPU).",
               "", mfu_notes(ok_rows, info.get("model")),
               "", "## Performance bars", "", "| check | what | bar | measured | result |", "|---|---|---|---|---|"]
     for c in checks:
@@ -386,7 +460,9 @@ def write_png(rows, checks, info, args, path):
     f_title, f_txt, f_small, f_bold = font(26, True), font(18), font(15), font(18, True)
     d.text((20, 16), f"Benchmark: {args.title}", fill="black", font=f_title)
     load = f", load average before/after {args.load_before} / {args.load_after}" if args.load_before else ""
-    d.text((20, 52), f"{info['nproc']} CPUs ({info['cpu']}), GPUs: {info['gpus'][:60]}, torch {info['torch']}, "
+    cpu = info.get("cpu_peak")
+    cap = f" {cpu['capability']}, native bf16 {'yes' if cpu['native_bf16'] else 'no'}" if cpu else ""
+    d.text((20, 52), f"{info['nproc']} CPUs ({info['cpu']}{cap}), GPUs: {info['gpus'][:60]}, torch {info['torch']}, "
                      f"{info['date']}{load}", fill="#444", font=f_small)
     if args.config:
         d.text((20, 74), args.config[:190], fill="#444", font=f_small)
@@ -464,6 +540,8 @@ def main():
     p.add_argument("--arch", default=None, help="model of the runs (default: what their metrics.jsonl say)")
     p.add_argument("--image-size", type=int, default=None,
                    help="training image size (default: the runs' --image-size, else 224)")
+    p.add_argument("--loader-ips", type=float, default=None,
+                   help="loader images/s per core on the runs' data (tools/loader_bench.py --quick), for the loader columns")
     p.add_argument("--peak-tflops", type=float, default=os.environ.get("PEAK_TFLOPS") or None,
                    help="peak TFLOP/s of the hardware a run uses, total (default: env PEAK_TFLOPS; for GPU runs, "
                         "else the table of dense bf16 peaks by nvidia-smi name; on CPU, none: MFU left blank)")
@@ -473,8 +551,11 @@ def main():
     rows = summarise(args.results)
     if not rows:
         sys.exit(f"{sys.argv[0]}: no runs in {args.results}/runs/manifest.tsv")
-    checks = check_bars(rows)
+    cpu_peak = read_cpu_peak(os.path.join(args.results, "runs", "cpu_peak.json"))
+    gpu_run = any(str(r.get("gpus") or "-") not in ("", "-") for r in rows)
+    checks = check_bars(rows, gpu_run or bool(cpu_peak and cpu_peak["native_bf16"]))
     info = machine_info()
+    info["cpu_peak"] = cpu_peak
     arch, image_size = model_of(rows, args.arch, args.image_size)
     info["model"] = dict(arch=arch, image_size=image_size, flops=None, error="" if arch else "no arch known")
     if arch:
@@ -483,18 +564,20 @@ def main():
         except Exception as e:  # an arch FlopCounterMode or the meta device cannot run: report without MFU
             info["model"]["error"] = f"counting {arch} at {image_size} px failed: {type(e).__name__}: {e}"
             print(f"{sys.argv[0]}: warning: {info['model']['error']}", file=sys.stderr)
-    add_mfu(rows, info["model"]["flops"], args.peak_tflops)
+    add_mfu(rows, info["model"]["flops"], args.peak_tflops, cpu_peak=cpu_peak)
+    add_loader(rows, args.loader_ips)
     write_csv(rows, os.path.join(args.results, "benchmark.csv"))
     write_md(rows, checks, info, args, os.path.join(args.results, "benchmark.md"))
     write_png(rows, checks, info, args, os.path.join(args.results, "benchmark.png"))
     print(f"{'backend':<20} {'procs x thr':>11} {'images/s':>9} {'TFLOP/s':>8} {'MFU %':>6} {'epoch s':>8} "
-          f"{'Acc@1':>6} {'wait %':>7}")
+          f"{'Acc@1':>6} {'wait %':>7} {'loader/core':>11} {'loader cores':>12}")
     for r in rows:
         if r["status"] == "ok":
             shape = f"{r['processes']}x{r['threads_per_process'] if r['gpus'] in ('', '-') else r['gpus']}"
             print(f"{r['backend']:<20} {shape:>11} {fmt(r['images_per_s']):>9} {fmt_tflops(r['train_tflops']):>8} "
                   f"{fmt(r['mfu_pct'], 2):>6} {fmt(r['epoch_time_s']):>8} "
-                  f"{fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7}")
+                  f"{fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7} "
+                  f"{fmt(r['loader_images_per_core_s'], 0):>11} {fmt(r['loader_cores_needed'], 2):>12}")
         else:
             print(f"{r['backend']:<20} {r['status']}: {r['note']}")
     for c in checks:

@@ -5,19 +5,32 @@
     python tools/make_demo_data.py --out /tmp/d --classes 7 --val-images 101
 
 Layout is ImageFolder's, as for ImageNet: <out>/train/<class>/*.JPEG and
-<out>/val/<class>/*.JPEG. Each class has its own colour and shape drawn at a random
+<out>/val/<class>/*.JPEG, plus <out>/DEMO_DATA.txt, which tells the training scripts to use
+their demo settings instead of the ImageNet recipe. Each class has its own colour and shape drawn at a random
 place, size and rotation on a noisy background, at varied image sizes, so the classes
 are easy to tell apart yet a network still has to learn something: a ResNet-18 on a
 2-core CPU gets well above chance within a few epochs. The same --seed writes the
 same bytes.
+
+    python tools/make_demo_data.py --imagenet --out data/imagenet-shaped --train-images 20000 --val-images 2000
+
+--imagenet writes data shaped like ImageNet's instead, to time the input pipeline on: 1000
+class folders (or --classes) named like ImageNet's (n + 8 digits), images with ImageNet's
+spread of sizes and aspect ratios (most 500 px on the long side, 4:3 or 3:2; mean about
+400x350), saved at JPEG quality 90, with photo-like content (multi-scale texture, edges,
+sensor grain) that compresses like photos do (about 110 KB a file), plus a few grayscale
+JPEGs, as ImageNet has. It uses every core (--jobs) and prints the set's mean file size and
+image size; the same --seed writes the same bytes whatever --jobs.
 """
 import argparse
 import math
+import multiprocessing
 import os
 import sys
+import time
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageChops, ImageDraw
 
 # Hue (degrees) and shape of each class; classes past the table reuse the shapes with
 # hues spread evenly, which stays learnable for a few dozen classes.
@@ -90,15 +103,172 @@ def write_split(out, split, counts, num_classes, rng):
             draw(c, num_classes, rng).save(os.path.join(folder, f"{split}_{c:03d}_{i:05d}.JPEG"), quality=90)
 
 
+# ---- --imagenet: ImageNet-shaped data ----
+TEXTURE = 768        # side of the textures each image is cut from
+TEXTURES = 16        # textures per generator process (the same ones in every process)
+GRAIN = 1024         # side of the sensor-grain image
+GRAIN_SIGMA = 12.0   # grey levels of sensor grain: with DETAIL, sets how large the files are
+DETAIL = 1.05        # amplitude ratio from one octave of texture to the next finer (detail at every scale)
+
+
+def imagenet_class_names(num_classes, seed):
+    """n + 8 digits, as ImageNet's WordNet ids (n01440764, ...): distinct, sorted, from the seed."""
+    rng = np.random.default_rng([seed, 7])
+    ids = set()
+    while len(ids) < num_classes:
+        ids.update(int(i) for i in rng.integers(1_000_000, 15_000_000, size=num_classes - len(ids)))
+    return [f"n{i:08d}" for i in sorted(ids)]
+
+
+def image_size(rng):
+    """(width, height) drawn to follow ImageNet's training images: about two thirds are 500 px
+    on the long side (500x375, 500x333, 375x500, ...), the rest spread around ~350 px with a tail
+    of large ones; three quarters are landscape. Mean about 400x350."""
+    if rng.random() < 0.65:
+        long_side = 500
+    else:
+        long_side = int(np.clip(rng.lognormal(math.log(290), 0.45), 80, 2000))
+    u = rng.random()
+    ratio = 4 / 3 if u < 0.45 else 3 / 2 if u < 0.7 else 1.0 if u < 0.8 else rng.uniform(1.0, 2.0)
+    short_side = max(1, int(round(long_side / ratio)))
+    return (long_side, short_side) if rng.random() < 0.75 else (short_side, long_side)
+
+
+def make_texture(rng):
+    """A photo-like texture: octaves of smooth noise, mostly in luminance, from a few cells to
+    two pixels per cell (amplitude times DETAIL per octave), plus semi-transparent shapes whose
+    edges JPEG has to spend bytes on."""
+    img = np.zeros((TEXTURE, TEXTURE, 3), np.float32) + rng.uniform(70, 180, 3).astype(np.float32)
+    cells, amp = 3, 60.0
+    while cells <= TEXTURE // 2:
+        noise = rng.normal(0, 1, (cells, cells, 1)) + 0.5 * rng.normal(0, 1, (cells, cells, 3))
+        img += amp * np.stack([np.asarray(Image.fromarray(noise[:, :, c].astype(np.float32)).resize(
+            (TEXTURE, TEXTURE), Image.BICUBIC)) for c in range(3)], -1)
+        amp *= DETAIL
+        cells *= 2
+    texture = Image.fromarray(img.clip(0, 255).astype(np.uint8))
+    shapes = Image.new("RGB", texture.size)
+    mask = Image.new("L", texture.size)
+    draw, draw_mask = ImageDraw.Draw(shapes), ImageDraw.Draw(mask)
+    for _ in range(12):
+        x, y = rng.integers(0, TEXTURE, size=2)
+        r = int(rng.integers(20, TEXTURE // 4))
+        colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
+        box = [int(x - r), int(y - r * rng.uniform(0.4, 1.0)), int(x + r), int(y + r * rng.uniform(0.4, 1.0))]
+        if rng.random() < 0.5:
+            draw.ellipse(box, fill=colour)
+            draw_mask.ellipse(box, fill=int(rng.integers(120, 230)))
+        else:
+            points = [(int(x + r * math.cos(a)), int(y + r * math.sin(a)))
+                      for a in np.sort(rng.uniform(0, 2 * math.pi, size=int(rng.integers(3, 7))))]
+            draw.polygon(points, fill=colour)
+            draw_mask.polygon(points, fill=int(rng.integers(120, 230)))
+    # shapes take the texture's detail too (a flat fill would compress like a cartoon)
+    shapes = ImageChops.overlay(shapes, texture)
+    return Image.composite(shapes, texture, mask)
+
+
+_BANK = {}
+
+
+def bank(seed):
+    """Textures and grain, made once per process from the seed alone (so --jobs does not change the output)."""
+    if seed not in _BANK:
+        rng = np.random.default_rng([seed, 1])
+        textures = [make_texture(rng) for _ in range(TEXTURES)]
+        grain = Image.fromarray((128 + rng.normal(0, GRAIN_SIGMA, (GRAIN, GRAIN))).clip(0, 255).astype(np.uint8))
+        chroma = Image.fromarray((128 + rng.normal(0, GRAIN_SIGMA / 3, (GRAIN, GRAIN, 3))).clip(0, 255).astype(np.uint8))
+        _BANK[seed] = textures, ImageChops.add(grain.convert("RGB"), chroma, 1.0, -128)
+    return _BANK[seed]
+
+
+def photo(seed, split, index, label, num_classes):
+    """One ImageNet-sized picture: a cut of a texture, resized, colour-mixed (a tint per class,
+    so the classes differ a little), with grain; a few are grayscale, as in ImageNet."""
+    textures, grain = bank(seed)
+    rng = np.random.default_rng([seed, 2, split, index])
+    w, h = image_size(rng)
+    tex = textures[(label * 7 + int(rng.integers(0, 3))) % len(textures)]
+    scale = rng.uniform(0.55, 1.0)
+    cw = max(8, int(TEXTURE * scale * min(1.0, w / h)))
+    ch = max(8, int(TEXTURE * scale * min(1.0, h / w)))
+    x, y = int(rng.integers(0, TEXTURE - cw + 1)), int(rng.integers(0, TEXTURE - ch + 1))
+    im = tex.resize((w, h), Image.BILINEAR, box=(x, y, x + cw, y + ch))
+    if rng.random() < 0.5:
+        im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    hue = label * 2 * math.pi / num_classes
+    tint = 1 + 0.25 * np.cos(hue + np.array([0, 2.1, 4.2]))
+    mix = rng.normal(0, 0.08, (3, 3)) + np.diag(tint * rng.uniform(0.85, 1.1))
+    im = im.convert("RGB", tuple(np.concatenate([mix, rng.uniform(-15, 15, (3, 1))], 1).ravel().tolist()))
+    for x0 in range(0, w, GRAIN):  # grain, tiled for the rare image larger than the grain image
+        for y0 in range(0, h, GRAIN):
+            tw, th = min(GRAIN, w - x0), min(GRAIN, h - y0)
+            gx, gy = int(rng.integers(0, GRAIN - tw + 1)), int(rng.integers(0, GRAIN - th + 1))
+            tile = im.crop((x0, y0, x0 + tw, y0 + th))
+            im.paste(ImageChops.add(tile, grain.crop((gx, gy, gx + tw, gy + th)), 1.0, -128), (x0, y0))
+    if rng.random() < 0.02:
+        im = im.convert("L")
+    return im
+
+
+def write_photos(task):
+    seed, split, split_id, start, names, labels, num_classes, out = task
+    sizes = []
+    for k, (name, label) in enumerate(zip(names, labels)):
+        im = photo(seed, split_id, start + k, label, num_classes)
+        path = os.path.join(out, split, name)
+        im.save(path, quality=90)
+        sizes.append((os.path.getsize(path), im.size[0], im.size[1]))
+    return sizes
+
+
+def write_imagenet(out, train, val, num_classes, seed, jobs):
+    classes = imagenet_class_names(num_classes, seed)
+    tasks = []
+    for split_id, (split, total) in enumerate((("train", train), ("val", val))):
+        names, labels = [], []
+        for c, count in enumerate(per_class(total, num_classes)):
+            os.makedirs(os.path.join(out, split, classes[c]), exist_ok=True)
+            for i in range(count):  # ImageNet's names: n01440764/n01440764_10026.JPEG, ILSVRC2012_val_00000001.JPEG
+                file = f"{classes[c]}_{i + 1}.JPEG" if split == "train" else f"ILSVRC2012_val_{len(names) + 1:08d}.JPEG"
+                names.append(os.path.join(classes[c], file))
+                labels.append(c)
+        chunk = 64
+        tasks += [(seed, split, split_id, s, names[s:s + chunk], labels[s:s + chunk], num_classes, out)
+                  for s in range(0, len(names), chunk)]
+    start = time.perf_counter()
+    stats = []
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for i, sizes in enumerate(pool.imap_unordered(write_photos, tasks)):
+            stats += sizes
+            if sys.stdout.isatty():
+                print(f"\r{len(stats)}/{train + val} images", end="", flush=True)
+    if sys.stdout.isatty():
+        print()
+    stats = np.array(stats, dtype=np.float64)
+    elapsed = time.perf_counter() - start
+    print(f"wrote {train} training and {val} validation images in {num_classes} classes to {out} in "
+          f"{elapsed:.0f} s ({len(stats) / elapsed:.0f} images/s with {jobs} process(es))")
+    print(f"mean file size {stats[:, 0].mean() / 1000:.1f} KB (ImageNet: about 110 KB), mean image size "
+          f"{stats[:, 1].mean():.0f}x{stats[:, 2].mean():.0f} px (ImageNet: about 400x350), "
+          f"median {np.median(stats[:, 1]):.0f}x{np.median(stats[:, 2]):.0f}, "
+          f"{stats[:, 0].sum() / 1e9:.2f} GB in all")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="data/demo", help="output folder (default: data/demo)")
-    p.add_argument("--classes", type=int, default=10, help="number of classes (default: 10)")
+    p.add_argument("--imagenet", action="store_true",
+                   help="ImageNet-shaped data: 1000 classes, ImageNet's image sizes and file sizes (see above)")
+    p.add_argument("--classes", type=int, default=None, help="number of classes (default: 10; 1000 with --imagenet)")
     p.add_argument("--train-images", type=int, default=None, help="training images in all (default: 64 per class)")
     p.add_argument("--val-images", type=int, default=None, help="validation images in all (default: 16 per class)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes for --imagenet (default: all cores)")
     p.add_argument("--force", action="store_true", help="write even if the folder is not empty")
     args = p.parse_args(argv)
+    if args.classes is None:
+        args.classes = 1000 if args.imagenet else 10
     if args.classes < 2:
         p.error("--classes must be at least 2")
     train = 64 * args.classes if args.train_images is None else args.train_images
@@ -108,9 +278,15 @@ def main(argv=None):
     if os.path.isdir(args.out) and os.listdir(args.out) and not args.force:
         print(f"{args.out} already exists and is not empty; keeping it (use --force to rewrite)")
         return 0
+    if args.imagenet:
+        write_imagenet(args.out, train, val, args.classes, args.seed, max(1, args.jobs))
+        return 0
     rng = np.random.default_rng(args.seed)
     write_split(args.out, "train", per_class(train, args.classes), args.classes, rng)
     write_split(args.out, "val", per_class(val, args.classes), args.classes, rng)
+    with open(os.path.join(args.out, "DEMO_DATA.txt"), "w") as f:  # the training scripts look for this name
+        f.write("Demo data made by tools/make_demo_data.py. The training scripts use their few-minute demo\n"
+                "settings on this folder (global batch 32, 3 epochs, 2 loader workers), not ImageNet's.\n")
     print(f"wrote {train} training and {val} validation images in {args.classes} classes to {args.out}")
     return 0
 

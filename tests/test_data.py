@@ -1,0 +1,222 @@
+"""The data path at ImageNet scale: the sample list's memory in the training process and in
+its forked loader workers, and the image-list cache shared by every job on the same data.
+
+These import distributed.py as a module and drive its data functions directly.
+"""
+import multiprocessing
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import PY, ROOT, run
+
+sys.path.insert(0, ROOT)
+import distributed  # noqa: E402
+
+IMAGENET_TRAIN = 1_281_167
+
+
+def synthetic_samples(n=IMAGENET_TRAIN, classes=1000):
+    """ImageNet's training list without its files: n01440764/n01440764_10026.JPEG, ... """
+    names = [f"n{1440764 + 9973 * c:08d}" for c in range(classes)]
+    targets = np.arange(n) * classes // n
+    paths = [f"{names[t]}/{names[t]}_{i}.JPEG" for i, t in enumerate(targets.tolist())]
+    return distributed.pack_samples(paths, targets, names)
+
+
+def memory_kb(pid):
+    """Unique (USS: private clean + private dirty) and proportional (PSS) memory of a process, kB."""
+    fields = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB":
+                fields[parts[0].rstrip(":")] = int(parts[1])
+    return fields["Private_Clean"] + fields["Private_Dirty"], fields["Pss"]
+
+
+class Touch(torch.utils.data.Dataset):
+    """Batch k of the sampler touches a slice of the image list in the worker, through
+    ImageList.path, as reading those images would, and returns a checksum of the paths."""
+
+    def __init__(self, images, slices):
+        self.images, self.slices = images, slices
+
+    def __len__(self):
+        return len(self.slices)
+
+    def __getitem__(self, k):
+        start, stop = self.slices[k]
+        return sum(len(self.images.path(i)) for i in range(start, stop))
+
+
+def worker_pids(iterator):
+    return [w.pid for w in iterator._workers]
+
+
+def test_a_million_image_list_stays_small_in_the_process_and_its_loader_workers(tmp_path):
+    samples = synthetic_samples()
+    size_mb = sum(samples[k].nbytes for k in ("paths", "offsets", "targets")) / 2**20
+    assert size_mb <= 100, f"the packed list of {IMAGENET_TRAIN} images takes {size_mb:.0f} MB"
+    images = distributed.ImageList("/data/imagenet/train", samples, transform=None)
+    c = str(samples["classes"][10026 * 1000 // IMAGENET_TRAIN])
+    assert images.path(10026) == f"/data/imagenet/train/{c}/{c}_10026.JPEG"
+    assert int(samples["targets"][-1]) == 999
+
+    # the cache file: what a training process loads at start (tracemalloc sees numpy's buffers)
+    name = "index-train-0.npz"
+    distributed.atomic_write(str(tmp_path / name), lambda f: np.savez(f, key=np.asarray("k"), **samples))
+    import tracemalloc
+    tracemalloc.start()
+    with np.load(tmp_path / name) as z:
+        loaded = {k: z[k] for k in ("paths", "offsets", "targets", "classes")}
+    peak_mb = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    assert peak_mb <= 100, f"loading the list peaks at {peak_mb:.0f} MB"
+    assert all(np.array_equal(loaded[k], samples[k]) for k in loaded)
+
+    # two persistent workers go through the whole list, twice (two epochs)
+    step = 20_000
+    slices = [(s, min(s + step, IMAGENET_TRAIN)) for s in range(0, IMAGENET_TRAIN, step)]
+    loader = torch.utils.data.DataLoader(Touch(images, slices), batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork", persistent_workers=True)
+    it = iter(loader)
+    total = next(it)
+    pids = worker_pids(it)
+    next(it)  # both workers have started and read a slice
+    before = {pid: memory_kb(pid) for pid in pids}
+    for epoch in range(2):
+        total = sum(it) if epoch == 0 else sum(iter(loader))
+    assert worker_pids(loader._iterator) == pids  # persistent: the same processes for the second epoch
+    after = {pid: memory_kb(pid) for pid in pids}
+    expected = sum(len(images.path(i)) for i in range(len(images)))
+    assert total == expected  # the second epoch read every path once
+    for pid in pids:
+        uss_growth, pss_growth = (after[pid][0] - before[pid][0]) / 1024, (after[pid][1] - before[pid][1]) / 1024
+        print(f"worker {pid}: USS {before[pid][0] / 1024:.0f} -> {after[pid][0] / 1024:.0f} MB, "
+              f"PSS {before[pid][1] / 1024:.0f} -> {after[pid][1] / 1024:.0f} MB over two epochs")
+        # a list of (str, int) tuples grew each worker by 83 MB here (measured): every page holding a
+        # Python object it touches is copied on the first reference-count change
+        assert uss_growth < 16, f"worker {pid}'s unique memory grew by {uss_growth:.0f} MB"
+        assert pss_growth < 16, f"worker {pid}'s proportional memory grew by {pss_growth:.0f} MB"
+    del it, loader
+
+
+def test_build_loaders_keeps_workers_across_epochs(tiny_data, tmp_path):
+    args = distributed.build_parser().parse_args(["--data", tiny_data, "--image-size", "32", "-j", "1", "-b", "8",
+                                                  "--output-dir", str(tmp_path)])
+    distributed.check_args(args, 1)
+    distributed.barrier = lambda: None
+    train_set, val_set, _, _ = distributed.build_datasets(args, local_rank=0, rank=0)
+    loader, sampler, _ = distributed.build_loaders(train_set, val_set, args, 0, 1, torch.device("cpu"))
+    batches = []
+    for epoch in (0, 1, 0):
+        sampler.set_epoch(epoch)
+        batches.append(next(iter(loader))[0])
+        pid = worker_pids(loader._iterator)
+        if epoch == 0 and len(batches) == 1:
+            first_pid = pid
+    assert pid == first_pid  # the same worker process served all three epochs
+    # a persistent worker's own RNG moves on, yet epoch 0 draws the same crops again (seeded per sample)
+    assert torch.equal(batches[0], batches[2]) and not torch.equal(batches[0], batches[1])
+
+
+def copy_data(tiny_data, dest):
+    shutil.copytree(tiny_data, dest, ignore=shutil.ignore_patterns(".image-lists"))
+    return str(dest)
+
+
+def test_image_list_cache_beside_the_data_is_reused_and_never_stale(tiny_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    data = copy_data(tiny_data, tmp_path / "d")
+    train = os.path.join(data, "train")
+    listed, where = distributed.list_images(train)
+    assert where is None and len(listed["targets"]) == 48
+    assert len(os.listdir(os.path.join(data, ".image-lists"))) == 1
+    again, where = distributed.list_images(train)
+    assert where == os.path.join(data, ".image-lists")
+    assert all(np.array_equal(again[k], listed[k]) for k in listed)
+    # a job on the same data through another path (a symlink) finds the same list
+    os.symlink(data, tmp_path / "link")
+    assert distributed.list_images(str(tmp_path / "link" / "train"))[1] == where
+
+    # an image added to a class folder: the old list is not used
+    first = sorted(os.listdir(os.path.join(train, "class_000")))[0]
+    shutil.copyfile(os.path.join(train, "class_000", first), os.path.join(train, "class_000", "added.JPEG"))
+    grown, where = distributed.list_images(train)
+    assert where is None and len(grown["targets"]) == 49
+    assert "class_000/added.JPEG" in ImagePaths(grown)
+    # an image removed
+    os.remove(os.path.join(train, "class_000", first))
+    shrunk, where = distributed.list_images(train)
+    assert where is None and f"class_000/{first}" not in ImagePaths(shrunk)
+
+    # a damaged cache file is listed again, not trusted
+    for name in os.listdir(os.path.join(data, ".image-lists")):
+        with open(os.path.join(data, ".image-lists", name), "r+b") as f:
+            f.truncate(100)
+    assert distributed.list_images(train)[1] is None
+    assert distributed.list_images(train)[1] == os.path.join(data, ".image-lists")
+
+
+def ImagePaths(samples):
+    images = distributed.ImageList("", samples, None)
+    return {images.path(i) for i in range(len(images))}
+
+
+def test_image_list_cache_of_read_only_data_goes_to_the_user_cache(tiny_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    data = copy_data(tiny_data, tmp_path / "d")
+    (tmp_path / "d" / ".image-lists").write_text("")  # a file where the folder would go: writing there fails
+    listed, where = distributed.list_images(os.path.join(data, "val"))
+    assert where is None and len(listed["targets"]) == 101
+    home = str(tmp_path / "home-cache" / "pytorch-distributed")
+    assert len(os.listdir(home)) == 1
+    assert distributed.list_images(os.path.join(data, "val"))[1] == home
+
+
+def list_in_child(folder, queue):
+    samples, where = distributed.list_images(folder)
+    queue.put((where, samples["paths"].tobytes(), samples["targets"].tolist()))
+
+
+def test_several_jobs_writing_the_image_list_at_once(tiny_data, tmp_path, monkeypatch):
+    """Six processes (jobs on several nodes, sharing the data folder) list and write at once."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    data = copy_data(tiny_data, tmp_path / "d")
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=list_in_child, args=(os.path.join(data, "train"), queue)) for _ in range(6)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0] * 6
+    assert len({(r[1], tuple(r[2])) for r in results}) == 1  # all six have the same list
+    assert len(os.listdir(os.path.join(data, ".image-lists"))) == 1  # one list; the last rename won
+    assert not any(".tmp-" in n for n in os.listdir(os.path.join(data, ".image-lists")))  # no leftovers
+    assert distributed.list_images(os.path.join(data, "train"))[1] is not None  # the file left is whole
+
+
+@pytest.mark.parametrize("size", [224])
+def test_make_demo_data_imagenet_is_shaped_like_imagenet(tmp_path, size):
+    out = tmp_path / "inet"
+    p = run([PY, os.path.join(ROOT, "tools", "make_demo_data.py"), "--imagenet", "--out", str(out), "--classes", "4",
+             "--train-images", "40", "--val-images", "8", "--jobs", "1"], timeout=300)
+    classes = sorted(os.listdir(out / "train"))
+    assert len(classes) == 4 and all(len(c) == 9 and c[0] == "n" and c[1:].isdigit() for c in classes)
+    assert sorted(os.listdir(out / "val")) == classes
+    files = sorted((out / "train").rglob("*.JPEG")) + sorted((out / "val").rglob("*.JPEG"))
+    assert len(files) == 48
+    from PIL import Image
+    sizes = [Image.open(f).size for f in files]
+    kb = np.mean([f.stat().st_size for f in files]) / 1000
+    # ImageNet: ~110 KB and ~400x350 on average; 48 images leave room for chance
+    assert 70 < kb < 170, kb
+    assert 300 < np.mean([w for w, _ in sizes]) < 520 and 250 < np.mean([h for _, h in sizes]) < 460
+    assert f"mean file size {kb:.1f} KB" in p.stdout
