@@ -1,13 +1,12 @@
 #!/usr/bin/env python3
 """ImageNet training with DistributedDataParallel on a Slurm cluster, started by srun.
 
-    srun -K -N2 --ntasks-per-node=4 --gpus-per-task=1 python distributed_slurm_main.py --data ...
-    srun -K -N2 --ntasks-per-node=1 --gpus-per-node=4 python distributed_slurm_main.py --spawn ...
-    sbatch slurm/train.sbatch                      # the same, as a batch job (CPU: slurm/train-cpu.sbatch)
+    srun -K -N2 --ntasks-per-node=4 --gpus-per-node=4 python distributed_slurm_main.py --data ...
+    srun -K -N2 --ntasks-per-node=1 --gpus-per-node=4 python distributed_slurm_main.py ...  # spawns 4 per node
+    sbatch slurm/train.sbatch     # a batch job that checkpoints and requeues itself (CPU: slurm/train-cpu.sbatch)
 
-Rank, world size and local rank come from SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID; tasks
-meet over TCP at the step's first node (port from the job id) or in a --dist-file on a shared
-filesystem; with --spawn each node's one task starts a process per GPU. In every case
+Ranks come from SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID; tasks meet over TCP at the first node
+or in a --dist-file; a node's only task spawns a process per GPU it sees. In every case
 each process trains a replica on its shard of every batch and DDP averages gradients.
 Everything below "shared" markers is the same, line for line, in all six scripts of
 this project: `diff distributed.py <other>.py` shows what another backend changes.
@@ -22,6 +21,7 @@ import math
 import os
 import random
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -60,6 +60,9 @@ def build_parser():
     p.add_argument("-a", "--arch", default="resnet18", help="any torchvision classification model (default: resnet18)")
     p.add_argument("-j", "--workers", type=int, default=None,
                    help="data loading processes per training process (default: min(8, CPU cores per local process))")
+    p.add_argument("--loader-start-method", choices=["fork", "spawn", "forkserver"], default=None,
+                   help="how loader workers start (default: fork where the OS has it); spawn or forkserver "
+                        "where forking breaks, e.g. under MPI with InfiniBand (Horovod over MPI)")
     p.add_argument("--epochs", type=int, default=None, help="default: 90")
     p.add_argument("--start-epoch", type=int, default=0, help="epoch to start at (--resume takes it from the checkpoint)")
     p.add_argument("-b", "--batch-size", type=int, default=None,
@@ -71,7 +74,8 @@ def build_parser():
     p.add_argument("--wd", "--weight-decay", type=float, default=1e-4, dest="weight_decay")
     p.add_argument("-p", "--print-freq", type=int, default=10, help="print every N steps (the only host syncs)")
     p.add_argument("--resume", metavar="PATH", default="", help="checkpoint to continue from")
-    p.add_argument("--auto-resume", action="store_true", help="resume from OUTPUT_DIR/checkpoint.pth.tar if it exists")
+    p.add_argument("--auto-resume", action="store_true", help="resume from OUTPUT_DIR/checkpoint.pth.tar if it exists "
+                   "(SIGUSR1 makes all processes stop at one step and save a checkpoint: see slurm/train.sbatch)")
     p.add_argument("-e", "--evaluate", action="store_true", help="only evaluate on val/")
     p.add_argument("--pretrained", action="store_true", help="start from torchvision's weights (downloads them)")
     p.add_argument("--seed", type=int, default=0, help="process r seeds its RNGs with seed + r")
@@ -136,13 +140,12 @@ def loader_workers(world_size):
 # ---- backend: DistributedDataParallel, processes started by Slurm's srun ----
 def add_backend_args(p):
     p.add_argument("--dist-file", help="meet in the file DIST_FILE.JOB.STEP on a filesystem all nodes share, not TCP")
-    p.add_argument("--spawn", action="store_true", help="one task per node (not per GPU) spawns a process per GPU")
-    p.add_argument("--nprocs", type=int, default=None, help="with --spawn: processes per node (default: GPUs, or 1)")
+    p.add_argument("--spawn", action="store_true", help="a node's only task spawns a process per GPU (default with 2+)")
+    p.add_argument("--nprocs", type=int, default=None, help="processes that task spawns (default: its GPUs, or 1)")
 
 
 def fail(task, message):
-    """Task 0 reports what every task finds; the others wait, so that srun -K ends the step before they
-    print (and cannot kill task 0 before it has), but still report a problem of their own node."""
+    """Task 0 reports what all find; the others wait for srun -K to end the step, or report their own."""
     time.sleep(10 if task else 0)
     print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(2)
@@ -155,18 +158,18 @@ def main():
     args = p.parse_args()
     env = os.environ
     if "SLURM_PROCID" not in env or "SLURM_JOB_ID" not in env:
-        p.exit(2, f"{SCRIPT}: error: not started by Slurm (no SLURM_PROCID): run it with srun, "
-                  f"e.g. srun -N2 --ntasks-per-node=4 --gpus-per-task=1 python {SCRIPT} ...\n")
+        p.exit(2, f"{SCRIPT}: error: not started by Slurm (no SLURM_PROCID): run it with srun -n2 python {SCRIPT}\n")
     job, step = env["SLURM_JOB_ID"], env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
     task, ntasks = int(env["SLURM_PROCID"]), int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1")))
     local_rank, gpus = int(env.get("SLURM_LOCALID", "0")), torch.cuda.device_count()
     if step is None and ntasks > 1:  # a batch script's own shell has SLURM_PROCID=0 too, but is one process
         fail(0, f"started by job {job}'s batch script, not by srun, yet the job has {ntasks} tasks: use srun")
-    if args.spawn and ntasks != int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1"))):
+    if not (alone := ntasks == int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1")))) and args.spawn:
         fail(task, f"--spawn wants one task per node (srun --ntasks-per-node=1), got {ntasks} tasks")
-    if not args.spawn and gpus > 1 and local_rank >= gpus:  # tasks that see one GPU each (--gpus-per-task=1) pass
+    spawn = args.spawn or (alone and gpus > 1 and args.nprocs != 1)  # every GPU the task sees, one process each
+    if not spawn and gpus > 1 and local_rank >= gpus:  # tasks that see one GPU each (--gpus-per-task=1) pass
         fail(task, f"task {task} is task {local_rank} on its node, which has {gpus} GPUs: one task per GPU at most")
-    nprocs = (args.nprocs or gpus or 1) if args.spawn else 1
+    nprocs = (args.nprocs or gpus or 1) if spawn else 1
     try:  # in every task, before any rendezvous, so that bad input cannot leave the other tasks waiting
         check_args(args, ntasks * nprocs)
     except UserError as e:
@@ -175,13 +178,16 @@ def main():
         args.dist_url = f"file://{os.path.abspath(args.dist_file)}.{job}.{step or 'batch'}"
     else:  # task 0 runs on the step's first node; MASTER_ADDR and MASTER_PORT set by the user win
         hosts = env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", ""))
-        first = subprocess.run(["scontrol", "show", "hostnames", hosts], capture_output=True, text=True,
-                               timeout=60).stdout.split()[:1] or fail(task, f"scontrol cannot expand {hosts!r}")
-        env.setdefault("MASTER_ADDR", first[0])
+        try:
+            env["MASTER_ADDR"] = env.get("MASTER_ADDR") or subprocess.run(
+                ["scontrol", "show", "hostnames", hosts], capture_output=True, text=True, timeout=60).stdout.split()[0]
+        except (OSError, IndexError, subprocess.SubprocessError) as e:  # e.g. no Slurm tools in a container
+            fail(task, f"`scontrol show hostnames {hosts}` failed ({e}): set MASTER_ADDR or use --dist-file")
         env.setdefault("MASTER_PORT", str(15000 + (int(job) * 10 + int(step or 0)) % 15000))
         args.dist_url = "env://"
     try:
-        if args.spawn:
+        if spawn:
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # Slurm sends it to the spawned processes too
             mp.spawn(spawned, args=(task, nprocs, ntasks * nprocs, args), nprocs=nprocs)
         else:
             run(main_worker, local_rank, task, ntasks, args)
@@ -232,6 +238,23 @@ def shutdown():
 
 
 # ---- shared: training (copied from distributed.py; tools/sync_shared.py keeps copies equal) ----
+STOP = []  # non-empty once this process got SIGUSR1 (Slurm's warning before a time limit or preemption)
+
+
+def request_stop(signum=None, frame=None):
+    STOP.append(signum)
+
+
+def start_workers(loader):
+    """iter(loader) with SIGUSR1 blocked while its workers start, so that they keep it blocked: Slurm
+    signals every process of a job step, and a spawned worker would die of it, failing the run."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+
+
 def run(worker, *worker_args):
     """Run the worker and turn bad input into one line on stderr and exit status 2."""
     try:
@@ -510,15 +533,17 @@ class SeededSampler(torch.utils.data.Sampler):
     across epochs, so their own RNGs are not re-seeded each epoch; this way a run resumed at an
     epoch boundary still draws what the uninterrupted run drew, whatever the number of workers."""
 
+    skip = 0  # indices a run stopped mid-epoch had consumed: its resumed epoch starts after them
+
     def __init__(self, sampler, seed_of_epoch):
         self.sampler, self.seed_of_epoch = sampler, seed_of_epoch
 
     def __iter__(self):
         seed = self.seed_of_epoch(self.sampler.epoch)
-        return ((i, seed) for i in self.sampler)
+        return ((i, seed) for i in list(self.sampler)[self.skip:])
 
     def __len__(self):
-        return len(self.sampler)
+        return len(self.sampler) - self.skip
 
     def set_epoch(self, epoch):
         self.sampler.set_epoch(epoch)
@@ -550,11 +575,12 @@ def build_loaders(train_set, val_set, args, rank, world_size, device):
     # counted exactly once (DistributedSampler would repeat some to even out the shards).
     val_indices = list(range(rank, len(val_set), world_size))
     per_process = args.batch_size // world_size
-    # Loader workers are forked, as torchrun's processes do by default: a process started by
-    # mp.spawn would spawn them too, re-importing torch in each. They persist across epochs.
-    fork = args.workers > 0 and "fork" in torch.multiprocessing.get_all_start_methods()
+    # Loader workers are forked by default, as torchrun's processes do: a process started by
+    # mp.spawn would spawn them too, re-importing torch in each. They persist across epochs. Where
+    # forking breaks (MPI with InfiniBand), --loader-start-method spawn or forkserver.
+    method = args.loader_start_method or ("fork" if "fork" in torch.multiprocessing.get_all_start_methods() else None)
     common = dict(batch_size=per_process, num_workers=args.workers, pin_memory=device.type == "cuda",
-                  multiprocessing_context="fork" if fork else None, persistent_workers=args.workers > 0)
+                  multiprocessing_context=method if args.workers > 0 else None, persistent_workers=args.workers > 0)
     train_loader = torch.utils.data.DataLoader(train_set, sampler=train_sampler, drop_last=True, **common)
     val_loader = torch.utils.data.DataLoader(val_set, sampler=val_indices, **common)
     return train_loader, train_sampler, val_loader
@@ -700,7 +726,7 @@ def load_checkpoint(path, model, optimizer, scaler, args, num_classes):
         raise UserError(f"checkpoint {path} does not fit the model: {str(e).strip().splitlines()[0]}") from None
     if ckpt.get("scaler"):  # empty when written without fp16 (a disabled GradScaler): the fresh one starts
         scaler.load_state_dict(ckpt["scaler"])
-    return ckpt["epoch"], float(ckpt.get("best_acc1", 0.0))
+    return ckpt["epoch"], float(ckpt.get("best_acc1", 0.0)), ckpt.get("step", 0)
 
 
 def report_once(rank):
@@ -731,6 +757,7 @@ def main_worker(local_rank, rank, world_size, args):
         print(f"{SCRIPT}: warning: with torchrun --max-restarts, set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for "
               "torchrun: its shared store keeps the addresses of the processes before a restart, which the "
               "restarted ones may try to reach", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGUSR1, request_stop)
     device = init_distributed(args, local_rank, rank, world_size)
     try:
         train_and_evaluate(args, device, local_rank, rank, world_size)
@@ -765,12 +792,12 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
     optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                                 fused=fused)
     scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
-    start_epoch, best_acc1 = args.start_epoch, 0.0
+    start_epoch, best_acc1, start_step = args.start_epoch, 0.0, 0
     resume = args.resume
     if args.auto_resume and os.path.isfile(os.path.join(args.output_dir, "checkpoint.pth.tar")):
         resume = os.path.join(args.output_dir, "checkpoint.pth.tar")
     if resume:
-        start_epoch, best_acc1 = load_checkpoint(resume, model, optimizer, scaler, args, num_classes)
+        start_epoch, best_acc1, start_step = load_checkpoint(resume, model, optimizer, scaler, args, num_classes)
         for group in optimizer.param_groups:  # the checkpoint's setting came from the device that saved it
             group["fused"] = fused
     bare_model = model
@@ -789,7 +816,8 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         print(f"{SCRIPT}: {world_size} process(es), backend {args.dist_backend}, device {device.type}, "
               f"{args.arch}, batch {args.batch_size} ({args.batch_size // world_size} per process), "
               f"precision {amp if amp != 'off' else 'fp64' if args.fp64 else 'fp32'}, optimizer {opt.__module__}.{opt.__name__}, "
-              f"{torch.get_num_threads()} thread(s), start epoch {start_epoch}", flush=True)
+              f"{torch.get_num_threads()} thread(s), start epoch {start_epoch}"
+              f"{f' step {start_step}' if start_step else ''}", flush=True)
     if note:
         print(note, flush=True)
     ctx = dict(args=args, device=device, amp=amp, dtype=dtype, memory_format=memory_format, rank=rank,
@@ -806,7 +834,16 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         lr = args.lr * 0.1 ** (epoch // args.lr_step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        train_stats = train(train_loader, model, optimizer, scaler, epoch, ctx)
+        train_sampler.skip = (start_step if epoch == start_epoch else 0) * (args.batch_size // world_size)
+        train_stats, stop_step = train(train_loader, model, optimizer, scaler, epoch, ctx)
+        if train_stats is None:  # all processes stop after the same step: save it, to resume from the next
+            if rank == 0:
+                save_checkpoint(dict(epoch=epoch, step=stop_step, arch=args.arch, num_classes=num_classes,
+                                     model=bare_model.state_dict(), optimizer=optimizer.state_dict(),
+                                     scaler=scaler.state_dict(), best_acc1=best_acc1), False, args.output_dir)
+                print(f"{SCRIPT}: stopped on SIGUSR1 after step {stop_step} of epoch {epoch}: checkpoint saved; "
+                      "--auto-resume continues from there", flush=True)
+            return
         average_buffers(bare_model, world_size)
         val = validate(val_loader, eval_model, ctx)
         is_best = val["val_acc1"] > best_acc1
@@ -818,6 +855,8 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
             log_metrics(args, dict(script=SCRIPT, world_size=world_size, epoch=epoch, lr=lr, amp=amp,
                                    arch=args.arch, batch_size=args.batch_size, device=device.type,
                                    threads=torch.get_num_threads(), **train_stats, **val))
+        if stop_step:  # asked to stop in the epoch's last step: the epoch's checkpoint is saved
+            return
 
 
 def average_buffers(model, world_size):
@@ -853,14 +892,17 @@ def train(loader, model, optimizer, scaler, epoch, ctx):
     args, device, rank = ctx["args"], ctx["device"], ctx["rank"]
     model.train()
     # running sums stay on the device: reading them (.item) would sync the host every step
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss * n, top-1 hits, n
+    # loss * n, top-1 hits, n, and the number of processes asked to stop, reduced on print steps
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    skip = loader.sampler.skip // loader.batch_size  # steps done before a stop, when resuming mid-epoch
+    steps = skip + len(loader)
     warmup = min(2, len(loader) - 1)  # steps left out of the throughput (allocator and cudnn warm-up)
     data_time, t_start, t_warm = 0.0, time.perf_counter(), None
     t_fetch = time.perf_counter()
-    for i, (images, target) in enumerate(prefetch(loader, device)):
+    for i, (images, target) in enumerate(prefetch(start_workers(loader), device), start=skip):
         data_time += time.perf_counter() - t_fetch
-        if i == warmup:
-            t_warm, warm_images = time.perf_counter(), i * args.batch_size // ctx["world_size"]
+        if i - skip == warmup:
+            t_warm, warm_images = time.perf_counter(), (i - skip) * args.batch_size // ctx["world_size"]
         images = images.to(device, ctx["dtype"], non_blocking=True, memory_format=ctx["memory_format"])
         target = target.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.float16 if ctx["amp"] == "fp16" else torch.bfloat16,
@@ -875,12 +917,16 @@ def train(loader, model, optimizer, scaler, epoch, ctx):
         sums[0] += loss.detach().double() * n
         sums[1] += accuracy_counts(output.detach(), target, (1,))[0]
         sums[2] += n
-        if i % args.print_freq == 0 or i == len(loader) - 1:
+        if i % args.print_freq == 0 or i == steps - 1:
+            if STOP:  # the signal reaches the processes at different steps: the flag rides along in
+                sums[3] = 1  # this reduction, and all stop after the first print step that sees it
             total = all_reduce_sum(sums.clone()).tolist()
             if rank == 0:
-                print(f"Epoch [{epoch}][{i + 1}/{len(loader)}] loss {total[0] / total[2]:.4f} "
+                print(f"Epoch [{epoch}][{i + 1}/{steps}] loss {total[0] / total[2]:.4f} "
                       f"acc@1 {100 * total[1] / total[2]:.2f} "
-                      f"{(time.perf_counter() - t_start) / (i + 1):.3f} s/step", flush=True)
+                      f"{(time.perf_counter() - t_start) / (i + 1 - skip):.3f} s/step", flush=True)
+            if total[3] > 0 and i < steps - 1:
+                return None, i + 1
         t_fetch = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -898,7 +944,8 @@ def train(loader, model, optimizer, scaler, epoch, ctx):
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
     return dict(train_loss=total[0] / total[2], train_acc1=100 * total[1] / total[2],
                 train_images_per_s=timed_images / timed, epoch_time_s=elapsed,
-                data_wait_frac=data_time / elapsed, peak_memory_mb=peak_mb, warmup_s=warm_s, compile_s=compile_s)
+                data_wait_frac=data_time / elapsed, peak_memory_mb=peak_mb, warmup_s=warm_s,
+                compile_s=compile_s), steps if total[3] > 0 else 0
 
 
 @torch.no_grad()
@@ -908,7 +955,7 @@ def validate(loader, model, ctx):
     device = ctx["device"]
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, top-1, top-5, n
-    for images, target in loader:
+    for images, target in start_workers(loader):
         images = images.to(device, ctx["dtype"], non_blocking=True, memory_format=ctx["memory_format"])
         target = target.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.float16 if ctx["amp"] == "fp16" else torch.bfloat16,

@@ -258,6 +258,12 @@ Waittime=0
 # PartitionConfig, which would hang a test run.
 EnforcePartLimits=ALL
 
+# Batch jobs may be requeued (scontrol requeue, or slurm/train*.sbatch requeueing itself before its
+# time limit); a requeued job waits for the job credential lifetime before it starts again: 120 s by
+# default, 10 s here, so that the requeue tests stay short.
+JobRequeue=1
+AuthInfo=cred_expire=10
+
 # No mail server in a sandbox; without this slurmctld logs an error at start.
 MailProg=/bin/true
 
