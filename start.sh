@@ -89,7 +89,7 @@ if [[ $GPUS != none ]]; then
     MODE=gpu
     IFS=, read -r -a GPU_LIST <<<"$GPUS"
     NGPU=${#GPU_LIST[@]}
-    export CUDA_VISIBLE_DEVICES=$GPUS
+    export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=$GPUS  # nvidia-smi's indices, in the same order
     PROCS=$NGPU
     THREADS=$(((CORES / NGPU) > 0 ? CORES / NGPU : 1))
     DP_THREADS=0                    # 0: PyTorch's default
@@ -254,6 +254,8 @@ T0=$SECONDS
 
 DP_ARGS=()
 [[ $MODE == cpu ]] && DP_ARGS=(--threads "$DP_THREADS")
+# DataParallel's one process feeds every GPU: it gets the loader workers of all of them
+[[ $MODE == gpu ]] && DP_ARGS=(-j $((WORKERS * NGPU > CORES ? CORES : WORKERS * NGPU)))
 wanted dataparallel && run_backend dataparallel "python dataparallel.py ($SHAPE_DP)" "${DP_SHAPE[@]}" -- \
     "$PYTHON" dataparallel.py "${COMMON[@]}" "${DP_ARGS[@]}"
 wanted distributed && run_backend distributed "torchrun distributed.py" "${MP_SHAPE[@]}" -- \
@@ -292,6 +294,7 @@ if wanted slurm; then
     else
         SRUN_ARGS=(-N1 -n"$PROCS" --kill-on-bad-exit=1)
         [[ $MODE == cpu ]] && SRUN_ARGS+=(--cpus-per-task="$THREADS")
+        [[ $MODE == gpu ]] && SRUN_ARGS+=(--gpus-per-node="$NGPU")  # all of the node's GPUs visible to each task
         run_backend slurm "srun ${SRUN_ARGS[*]}" "${MP_SHAPE[@]}" -- \
             srun "${SRUN_ARGS[@]}" "$PYTHON" distributed_slurm_main.py "${COMMON[@]}" "${THREAD_ARGS[@]}"
     fi
