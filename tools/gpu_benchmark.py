@@ -20,6 +20,7 @@ import os
 import shlex
 import subprocess
 import sys
+import types
 import time
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
@@ -32,7 +33,8 @@ class DeviceBatches:
 
     def __init__(self, steps, batch, image_size, num_classes, device, seed=0):
         g = torch.Generator().manual_seed(seed)
-        self.steps = steps
+        self.steps, self.batch_size = steps, batch
+        self.sampler = types.SimpleNamespace(skip=0)  # what train() reads of a loader's sampler: nothing to skip
         self.images = torch.randn(batch, 3, image_size, image_size, generator=g).to(device)
         self.target = torch.randint(0, num_classes, (batch,), generator=g).to(device)
 
