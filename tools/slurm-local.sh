@@ -19,6 +19,9 @@
 #   SLURM_LOCAL_MIN_CPUS  CPUs to advertise at least (default 4), so tests can
 #                         launch several ranks on a 2-core machine.
 #   SLURM_LOCAL_TIMEOUT   seconds to wait for the node to become usable (60).
+#   SLURM_LOCAL_GPUS      GPUs each node advertises (default 4): placeholders with no device behind
+#                         them, so that GPU job scripts (slurm/train.sbatch asks --gpus-per-node=4)
+#                         are accepted and run on CPU.
 set -euo pipefail
 
 PROG=${0##*/}
@@ -28,6 +31,12 @@ TIMEOUT=${SLURM_LOCAL_TIMEOUT:-60}
 CONF_DIR=/etc/slurm
 CONF=$CONF_DIR/slurm.conf
 CGROUP_CONF=$CONF_DIR/cgroup.conf
+GRES_CONF=$CONF_DIR/gres.conf
+# GPUs each node advertises, so that job scripts written for GPU nodes (--gpus-per-node=4) are
+# accepted and run here, on CPU. Slurm drops a GPU without a File=, so each has an empty regular
+# file as its "device": nothing is bound, and CUDA sees nothing.
+FAKE_GPUS=${SLURM_LOCAL_GPUS:-4}
+FAKE_GPU_DIR=/var/lib/slurm-local
 LOG_DIR=/var/log/slurm
 CTLD_LOG=$LOG_DIR/slurmctld.log
 SLURMD_LOG=$LOG_DIR/slurmd.log
@@ -173,7 +182,7 @@ write_config() {
 
     local slurmd_pid=$SLURMD_PID slurmd_log=$SLURMD_LOG slurmd_spool=$SLURMD_SPOOL names
     if ((NODES == 1)); then
-        nodes_conf="NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN"
+        nodes_conf="NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem Gres=gpu:$FAKE_GPUS State=UNKNOWN"
         names=$node
     else
         # slurmd runs in each test host and reaches slurmctld at this machine's end of the bridge
@@ -183,7 +192,7 @@ write_config() {
         local i name
         for ((i = 0; i < NODES; i++)); do
             name=$(node_names | sed -n "$((i + 1))p")
-            nodes_conf+="NodeName=$name NodeHostname=$name NodeAddr=${HOSTS_NET:-10.213.7}.$((i + 1)) CPUs=$cpus RealMemory=$mem State=UNKNOWN"$'\n'
+            nodes_conf+="NodeName=$name NodeHostname=$name NodeAddr=${HOSTS_NET:-10.213.7}.$((i + 1)) CPUs=$cpus RealMemory=$mem Gres=gpu:$FAKE_GPUS State=UNKNOWN"$'\n'
         done
         nodes_conf=${nodes_conf%$'\n'}
         names=$(node_names | paste -sd, -)
@@ -264,6 +273,9 @@ EnforcePartLimits=ALL
 JobRequeue=1
 AuthInfo=cred_expire=10
 
+# Placeholder GPUs (see gres.conf): jobs may ask for them, nothing is bound.
+GresTypes=gpu
+
 # No mail server in a sandbox; without this slurmctld logs an error at start.
 MailProg=/bin/true
 
@@ -276,6 +288,18 @@ PartitionName=$PARTITION Nodes=$names Default=YES MaxTime=INFINITE State=UP
 EOF
     chmod 0644 "$tmp"
     mv -f "$tmp" "$CONF"
+
+    if [[ ! -e $GRES_CONF ]] || grep -qF "$MARKER" "$GRES_CONF"; then
+        install -d -m 0755 "$FAKE_GPU_DIR"
+        local g
+        for ((g = 0; g < FAKE_GPUS; g++)); do : >"$FAKE_GPU_DIR/fake-gpu$g"; done
+        {
+            echo "$MARKER"
+            echo "# placeholder GPUs: empty files, no devices behind them (see slurm.conf)"
+            ((FAKE_GPUS == 0)) || echo "Name=gpu File=$FAKE_GPU_DIR/fake-gpu[0-$((FAKE_GPUS - 1))]"
+        } >"$GRES_CONF"
+        chmod 0644 "$GRES_CONF"
+    fi
 
     # Only read by cgroup plugins, which we do not load; it exists so that any
     # slurm component which probes for it finds a harmless answer.
@@ -402,11 +426,15 @@ cmd_up() {
     [[ $EUID -eq 0 ]] || die "must run as root"
     if command -v sinfo >/dev/null && [[ -e $CONF ]] && cluster_usable; then
         # a cluster started by an older version of this script lacks settings the tests rely on
-        if grep -q '^JobRequeue=1' "$CONF" && grep -q '^AuthInfo=cred_expire=10' "$CONF"; then
+        if grep -q '^JobRequeue=1' "$CONF" && grep -q '^AuthInfo=cred_expire=10' "$CONF" && grep -q '^GresTypes=gpu' "$CONF"; then
             log "already up: $(states)"
             return 0
         fi
         log "running with an older configuration: restarting it"
+        cmd_down
+    elif daemon_running slurmctld "$CTLD_PID" || daemon_running slurmd "$SLURMD_PID"; then
+        # daemons up but no usable node (say "inval" under a configuration an older version wrote)
+        log "running but not usable (states: $(states 2>/dev/null || echo none)): restarting it"
         cmd_down
     fi
     ensure_packages
