@@ -128,3 +128,93 @@ def test_mixed_precision_bar_depends_on_native_support():
                                        amp="bf16")], 1e9, cpu_peak=dict(capability="AVX2", native_bf16=False,
                                                                        peak_gflops={"fp32": {"1": 100.0}}))[0]
     assert r["mfu_pct"] is None and "not native" in r["peak_source"]
+
+
+def fake_gpu_node(tmp_path, gpus=4, cores=32):
+    """A bin folder that makes start.sh see a node with `gpus` H100s and `cores` cores: fake nvidia-smi,
+    nproc, sinfo and srun, and PYTHON and TORCHRUN wrappers that record each training command line with
+    its CUDA variables (one JSON line each) instead of training; everything else runs the real Python."""
+    bin_dir, rec = tmp_path / "bin", tmp_path / "commands.jsonl"
+    bin_dir.mkdir()
+    record = (f'{PY} -c \'import json, os, sys; print(json.dumps(dict(argv=sys.argv[1:], '
+              f'order=os.environ.get("CUDA_DEVICE_ORDER"), visible=os.environ.get("CUDA_VISIBLE_DEVICES"))))\' '
+              f'"$(basename "$0")" "$@" >>{rec}\n')
+    rows = "".join(f"echo 'GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})'\n" for i in range(gpus))
+    indices = "".join(f"echo {i}\n" for i in range(gpus))
+    files = {
+        "nvidia-smi": '#!/bin/bash\ncase "$*" in\n'
+                      f'  -L) {rows};;\n'
+                      f'  *query-gpu=index*) {indices};;\n'
+                      '  *) echo "timestamp, index, memory.total [MiB]";;\nesac\n',
+        "nproc": f"#!/bin/sh\necho {cores}\n",
+        "sinfo": "#!/bin/sh\necho 'idle 1 gpu-node'\n",
+        "srun": "#!/bin/bash\n" + record,
+        "torchrun": "#!/bin/bash\n" + record,
+        "python": '#!/bin/bash\ncase "$1" in\n  *.py|-m) [[ $1 != -m || $2 == torch.distributed.launch ]] && '
+                  f'[[ $1 != tools/* ]] && {{ {record.strip()}; exit 0; }};;\nesac\nexec {PY} "$@"\n',
+    }
+    for name, text in files.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir, rec
+
+
+def gpu_mode_commands(tmp_path, tiny_data, **extra):
+    bin_dir, rec = fake_gpu_node(tmp_path)
+    p = run(["bash", os.path.join(ROOT, "start.sh"), "-o", str(tmp_path / "results"),
+             "--only", "dataparallel,distributed,apex,distributed-launch,multiprocessing,slurm"],
+            env=env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHON=str(bin_dir / "python"),
+                    TORCHRUN=str(bin_dir / "torchrun"), DATA=tiny_data, **extra), check=False, timeout=300)
+    names = {("python", "dataparallel.py"): "dataparallel", ("torchrun", "distributed.py"): "distributed",
+             ("torchrun", "apex_distributed.py"): "apex", ("python", "distributed.py"): "launch",
+             ("python", "multiprocessing_distributed.py"): "multiprocessing",
+             ("srun", "distributed_slurm_main.py"): "srun"}
+    commands = {}
+    for line in (rec.read_text().splitlines() if rec.exists() else []):
+        c = json.loads(line)
+        script = next(a for a in c["argv"] if a.endswith(".py"))
+        commands[names[c["argv"][0], script]] = c
+    return p, commands
+
+
+def option(argv, name):
+    """The value of the option's last occurrence (argparse's and srun's rule: the last one wins)."""
+    return [a.split("=", 1)[1] if "=" in a else argv[i + 1] for i, a in enumerate(argv)
+            if a == name or a.startswith(name + "=")][-1]
+
+
+def test_start_sh_gpu_mode_keeps_every_gpu_visible_and_feeds_dataparallel_from_all_loader_workers(tiny_data,
+                                                                                                  tmp_path):
+    p, commands = gpu_mode_commands(tmp_path, tiny_data)
+    assert "GPUs 0,1,2,3 (one process each, nccl), -j 8 per process" in p.stdout, p.stdout + p.stderr
+    assert set(commands) == {"dataparallel", "distributed", "apex", "launch", "multiprocessing", "srun"}, commands
+    for name, c in commands.items():  # nvidia-smi's GPU numbers are CUDA's, and every process sees every GPU
+        assert (c["order"], c["visible"]) == ("PCI_BUS_ID", "0,1,2,3"), (name, c)
+    # 32 cores, 4 GPUs: 8 loader workers per training process; DataParallel's one process feeds all four GPUs
+    for name in "distributed", "apex", "launch", "multiprocessing", "srun":
+        assert option(commands[name]["argv"], "-j") == "8", commands[name]
+    assert option(commands["dataparallel"]["argv"], "-j") == "32"
+    assert option(commands["distributed"]["argv"], "--nproc_per_node") == "4"
+    assert option(commands["multiprocessing"]["argv"], "--nprocs") == "4"
+    # srun asks for the node's GPUs, visible to every task (not one hidden GPU per task)
+    srun = commands["srun"]["argv"]
+    assert option(srun, "--gpus-per-node") == "4" and "-n4" in srun
+    assert not any(a.startswith("--gpus-per-task") for a in srun), srun
+
+
+def test_start_sh_gpu_mode_on_chosen_gpus(tiny_data, tmp_path):
+    p, commands = gpu_mode_commands(tmp_path, tiny_data, GPUS="1,3")
+    assert "GPUs 1,3 (one process each" in p.stdout, p.stdout + p.stderr
+    assert commands["distributed"]["visible"] == "1,3"
+    assert option(commands["distributed"]["argv"], "--nproc_per_node") == "2"
+    assert option(commands["distributed"]["argv"], "-j") == "8"  # min(8, 32 cores / 2 GPUs)
+    assert option(commands["dataparallel"]["argv"], "-j") == "16"
+    assert option(commands["srun"]["argv"], "--gpus-per-node") == "2"
+
+
+def test_slurm_job_scripts_keep_every_gpu_of_a_node_visible():
+    text = open(os.path.join(ROOT, "slurm", "train.sbatch")).read()
+    directives = [line.split("#", 2)[1] for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert any(d.startswith("SBATCH --gpus-per-node=") for d in directives)
+    assert not any("--gpus-per-task" in d or "--gres=gpu:1" in d for d in directives), directives
+    assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in text
