@@ -56,8 +56,18 @@ EOF
 
 die() { echo "$PROG: $*" >&2; exit 2; }
 
-printf -v CMDLINE '%q ' bash "$PROG" "$@"
-CMDLINE=${CMDLINE% }
+# The command that reproduces this run, for the report: the settings that came through the
+# environment (they change the results as much as the flags do), then the flags.
+shell_word() {  # $1 as the shell reads it back: bare when safe, else quoted
+    if [[ $1 =~ ^[A-Za-z0-9_./,:=+@%-]+$ ]]; then printf '%s' "$1"; else printf '%q' "$1"; fi
+}
+CMDLINE=
+for v in ONEDNN_MAX_CPU_ISA ATEN_CPU_CAPABILITY \
+         DATA ARCH IMAGE_SIZE PROCS GPUS EPOCHS BATCH WORKERS PRINT_FREQ BACKENDS RESULTS PEAK_TFLOPS; do
+    [[ -n ${!v+set} ]] && CMDLINE+="$v=$(shell_word "${!v}") "
+done
+CMDLINE+="bash $PROG"
+for a in "$@"; do CMDLINE+=" $(shell_word "$a")"; done
 RESULTS=${RESULTS:-results}
 BACKENDS=${BACKENDS:-dataparallel,distributed,distributed-launch,multiprocessing,apex,horovod,slurm}
 while (($#)); do

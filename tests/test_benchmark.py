@@ -63,6 +63,10 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
     assert "| dataparallel |" in md and "horovod" in md and "distributed / dataparallel" in md
     assert "| model TFLOP/s | MFU % |" in md and "GFLOP/s measured fp32 matmul" in md
     assert f"- CPU capability: {peak['capability']}, native bf16: " in md and "GFLOP/s at 1 thread(s)" in md
+    # the recorded command reproduces the run: the settings given through the environment come with it
+    command = next(line for line in md.splitlines() if line.startswith("- command: `"))
+    assert f"DATA={tiny_data} IMAGE_SIZE=32 bash start.sh -o {out} --only dataparallel,distributed,horovod" \
+        in command, command
     with Image.open(out / "benchmark.png") as png:
         assert png.format == "PNG" and png.width > 200
 
@@ -123,6 +127,11 @@ def test_mixed_precision_bar_depends_on_native_support():
     native = amp_check(benchmark_report.check_bars(rows(1.5, "bf16"), True))
     assert native["ok"] is False and native["bar"] == ">= 1.80x" and "bf16" in native["what"]
     assert amp_check(benchmark_report.check_bars(rows(2.0, "bf16"), True))["ok"] is True
+    # a bar whose baseline did not run says so, without inventing (or printing None for) its shape
+    ddp = next(c for c in benchmark_report.check_bars(rows(1.0, "off")[:1], False)
+               if c["name"] == "distributed / dataparallel")
+    assert ddp["ok"] is None and "dataparallel did not run" in ddp["text"]
+    assert "2 procs x 1 thread(s) vs one process x ? threads" in ddp["what"], ddp["what"]
     # a bf16 run on a CPU without native bf16 has no peak to divide by: MFU blank, with the reason
     r = benchmark_report.add_mfu([dict(gpus="-", processes="2", threads_per_process="1", images_per_s=5.0,
                                        amp="bf16")], 1e9, cpu_peak=dict(capability="AVX2", native_bf16=False,

@@ -306,8 +306,10 @@ def check_bars(rows, native_mixed_precision):
         if minimum is None:
             minimum = AMP_BAR_NATIVE if native_mixed_precision else AMP_BAR_OTHER
         amp = {"off": "fp32", None: "?"}.get((t or {}).get("amp"), (t or {}).get("amp"))
-        what = what.format(p=(t or {}).get("processes"), t=(t or {}).get("threads_per_process"),
-                           c=(b or {}).get("threads_per_process"), amp=amp,
+        def field(row, key):  # "?" for a run that did not happen
+            return "?" if not row or row.get(key) in (None, "") else row[key]
+        what = what.format(p=field(t, "processes"), t=field(t, "threads_per_process"),
+                           c=field(b, "threads_per_process"), amp=amp,
                            hw="native mixed precision" if native_mixed_precision else "no native bf16")
         if t and b and t["images_per_s"] and b["images_per_s"]:
             ratio = t["images_per_s"] / b["images_per_s"]
