@@ -7,6 +7,7 @@ ALLOW_MISSING_BACKENDS=1 is set, in which case they are skipped with that reason
 """
 import math
 import os
+import re
 import sys
 
 import pytest
@@ -146,3 +147,71 @@ def test_without_horovod_exits_with_one_line_saying_how_to_install(tiny_data, tm
     assert len(lines) == 1, p.stderr
     assert "Horovod is not installed" in lines[0] and "bash tools/install-horovod.sh" in lines[0]
     assert not os.path.exists(tmp_path / "out")
+
+
+def install_horovod_dry_run(tmp_path, *flags, gpus=0, **extra):
+    """tools/install-horovod.sh --dry-run with a fake nvidia-smi that lists `gpus` GPUs on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    listing = "".join(f"echo 'GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})'\n" for i in range(gpus))
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + (listing or "echo 'No devices were found'; exit 6\n"))
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    cache = tmp_path / "cache"
+    p = run(["bash", script("tools/install-horovod.sh"), "--dry-run", *flags], check=False,
+            env=env(PYTHON=PY, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HOROVOD_WHEEL_CACHE=str(cache),
+                    **extra))
+    assert p.returncode == 0, p.stderr
+    config = {}
+    for word in p.stdout.split():
+        key, eq, value = word.partition("=")
+        if eq:
+            config[key] = value
+    return p.stdout, config
+
+
+def nccl_wheel():
+    """The nvidia-nccl-cu* wheel torch depends on (its include/ and lib/), or a failure saying so."""
+    import torch
+    if not torch.version.cuda:
+        pytest.fail(f"torch {torch.__version__} is a CPU build: it has no NCCL wheel to build Horovod against",
+                    pytrace=False)
+    import nvidia.nccl
+    return os.path.realpath(list(nvidia.nccl.__path__)[0])
+
+
+def test_install_horovod_builds_nccl_from_torchs_nccl_wheel_on_gpu_machines(tmp_path):
+    wheel = nccl_wheel()
+    out, config = install_horovod_dry_run(tmp_path, gpus=2)
+    assert config["GPU_OPERATIONS"] == "NCCL"
+    # the header and library of the wheel torch loads, under the names Horovod's FindNCCL looks for
+    assert config["HOROVOD_NCCL_INCLUDE"] == os.path.join(wheel, "include")
+    assert os.path.isfile(os.path.join(config["HOROVOD_NCCL_INCLUDE"], "nccl.h"))
+    assert config["HOROVOD_NCCL_LIB"].startswith(str(tmp_path / "cache"))
+    assert config["HOROVOD_NCCL_LINK"] == "SHARED"
+    # CUDA kernels only for the architectures this torch supports (nvcc 12+ rejects Horovod's default sm_35)
+    import torch
+    archs = [a[3:] for a in torch.cuda.get_arch_list() if a.startswith("sm_")]
+    assert config["HOROVOD_BUILD_CUDA_CC_LIST"].split(",") == archs
+    # an NCCL build is cached apart from the CPU build and from builds against another NCCL
+    version = re.search(r"nccl:\s+(\d+\.\d+\.\d+)", out).group(1)
+    assert re.search(rf"cache:\s+\S+-gloo-nccl{re.escape(version)}\n", out), out
+
+
+def test_install_horovod_stays_cpu_only_without_a_gpu_unless_told(tmp_path):
+    out, config = install_horovod_dry_run(tmp_path, gpus=0)
+    assert config["GPU_OPERATIONS"] == "none" and "HOROVOD_NCCL_LIB" not in config
+    assert re.search(r"cache:\s+\S+-gloo\n", out), out
+    # a login node without GPUs can build for the GPU nodes
+    _, config = install_horovod_dry_run(tmp_path, "--nccl", gpus=0)
+    assert config["GPU_OPERATIONS"] == "NCCL" and config["HOROVOD_NCCL_LINK"] == "SHARED"
+
+
+def test_install_horovod_keeps_an_nccl_the_user_names(tmp_path):
+    nccl_wheel()
+    home = tmp_path / "nccl"
+    (home / "include").mkdir(parents=True)
+    (home / "include" / "nccl.h").write_text("#define NCCL_MAJOR 2\n#define NCCL_MINOR 19\n#define NCCL_PATCH 3\n")
+    out, config = install_horovod_dry_run(tmp_path, gpus=1, HOROVOD_NCCL_HOME=str(home))
+    assert config["HOROVOD_NCCL_HOME"] == str(home)
+    assert config["HOROVOD_NCCL_INCLUDE"] == "unset" and config["HOROVOD_NCCL_LIB"] == "unset"
+    assert "nccl:     2.19.3" in out

@@ -15,13 +15,18 @@ WHEEL_CACHE="${HOROVOD_WHEEL_CACHE:-$HOME/.cache/pytorch-distributed/wheels}"
 
 usage() {
     cat <<EOF
-Usage: [PYTHON=path/to/python] $(basename "$0") [-h|--help] [--force]
+Usage: [PYTHON=path/to/python] $(basename "$0") [-h|--help] [--force] [--nccl] [--dry-run]
 
 Builds Horovod ${HOROVOD_VERSION} with the PyTorch and Gloo frontends and
-installs it into \$PYTHON's environment (default: python3).
+installs it into \$PYTHON's environment (default: python3). On a GPU machine
+(nvidia-smi -L lists a GPU) it adds NCCL for GPU tensors, built against the
+NCCL of torch's own pip wheel (nvidia-nccl-*), the one torch loads at run time.
 
-  --force   rebuild and reinstall even if horovod.torch already imports
-            and a cached wheel exists
+  --force    rebuild and reinstall even if horovod.torch already imports
+             and a cached wheel exists
+  --nccl     build with NCCL even where nvidia-smi finds no GPU (a login
+             node, a build container); needs the CUDA toolkit (nvcc)
+  --dry-run  print the build configuration and exit, building nothing
 
 Environment:
   PYTHON                 interpreter whose environment receives Horovod
@@ -29,17 +34,21 @@ Environment:
   HOROVOD_VERSION        Horovod release to build (default: 0.28.1)
   HOROVOD_SDIST          path to horovod-VERSION.tar.gz to build instead of downloading it
   HOROVOD_WITH_MPI / HOROVOD_WITHOUT_MPI / HOROVOD_GPU_OPERATIONS /
-  CUDA_HOME / HOROVOD_CUDA_HOME
+  CUDA_HOME / HOROVOD_CUDA_HOME / HOROVOD_BUILD_CUDA_CC_LIST /
+  HOROVOD_NCCL_HOME / HOROVOD_NCCL_INCLUDE / HOROVOD_NCCL_LIB / HOROVOD_NCCL_LINK
                          honoured if set; otherwise chosen from what this
-                         machine has (mpicxx, nvidia-smi, /usr/local/cuda)
+                         machine has (mpicxx, nvidia-smi, /usr/local/cuda,
+                         torch's CUDA architectures and its NCCL wheel)
 EOF
 }
 
-FORCE=0
+FORCE=0 NCCL=0 DRY_RUN=0
 for arg in "$@"; do
     case "$arg" in
         -h|--help) usage; exit 0 ;;
         --force) FORCE=1 ;;
+        --nccl) NCCL=1 ;;
+        --dry-run) DRY_RUN=1 ;;
         *) echo "unknown argument: $arg" >&2; usage >&2; exit 2 ;;
     esac
 done
@@ -48,13 +57,6 @@ log() { echo "[install-horovod] $*"; }
 die() { echo "[install-horovod] ERROR: $*" >&2; exit 1; }
 
 command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON=$PYTHON not found"
-
-# A horovod built against another torch fails this import (undefined
-# symbols), so a successful import is a sufficient "already done" check.
-if [[ $FORCE == 0 ]] && "$PYTHON" -c "import horovod.torch" >/dev/null 2>&1; then
-    log "horovod.torch already importable in $PYTHON ($("$PYTHON" -c 'import horovod; print(horovod.__version__)')); nothing to do."
-    exit 0
-fi
 
 "$PYTHON" -c "import torch" 2>/dev/null \
     || die "torch is not importable in $PYTHON; install torch first (Horovod compiles against it)."
@@ -79,9 +81,19 @@ fi
 if [[ -z "${HOROVOD_GPU_OPERATIONS:-}" ]]; then
     # NCCL ops can only run on a GPU; on a CPU-only box with a CUDA torch
     # they would just add build time and an NCCL build dependency.
-    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    if ((NCCL)) || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }; then
         export HOROVOD_GPU_OPERATIONS=NCCL
     fi
+fi
+
+# A horovod built against another torch fails this import (undefined
+# symbols), so a successful import is a sufficient "already done" check,
+# unless this build needs NCCL and the installed one has none.
+if [[ $FORCE == 0 && $DRY_RUN == 0 ]] && WANT_NCCL=${HOROVOD_GPU_OPERATIONS:-} "$PYTHON" -c "
+import os, sys, horovod.torch as hvd
+sys.exit(os.environ['WANT_NCCL'] == 'NCCL' and not hvd.nccl_built())" >/dev/null 2>&1; then
+    log "horovod.torch already importable in $PYTHON ($("$PYTHON" -c 'import horovod; print(horovod.__version__)')); nothing to do."
+    exit 0
 fi
 
 TORCH_CUDA="$("$PYTHON" -c 'import torch; print(torch.version.cuda or "")')"
@@ -101,6 +113,36 @@ if [[ -n "$TORCH_CUDA" ]]; then
     fi
 fi
 
+NCCL_VERSION=""
+if [[ ${HOROVOD_GPU_OPERATIONS:-} == NCCL ]]; then
+    [[ -n "$TORCH_CUDA" ]] || die "HOROVOD_GPU_OPERATIONS=NCCL needs a CUDA build of torch (this one is CPU-only)"
+    # Horovod's CUDA kernels, for the GPU architectures this torch was built for
+    # (its default list starts at sm_35, which CUDA 12 and later no longer compile).
+    if [[ -z "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ]]; then
+        HOROVOD_BUILD_CUDA_CC_LIST=$("$PYTHON" -c 'import torch; print(",".join(a[3:] for a in torch.cuda.get_arch_list() if a.startswith("sm_")))')
+        export HOROVOD_BUILD_CUDA_CC_LIST
+    fi
+    # NCCL: unless told where one is, the one in torch's pip wheel (nvidia-nccl-cu12/-cu13):
+    # torch loads exactly that libnccl.so.2 before Horovod's extension, so both use one NCCL.
+    # The wheel has the header and libnccl.so.2 but no libnccl.so or libnccl_static.a, the
+    # names Horovod's FindNCCL looks for: a folder in the cache gives it that name.
+    if [[ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}${HOROVOD_NCCL_LIB:-}" ]]; then
+        NCCL_WHEEL=$("$PYTHON" -c 'import os, nvidia.nccl as n; print(os.path.realpath(list(n.__path__)[0]))' 2>/dev/null) \
+            || die "HOROVOD_GPU_OPERATIONS=NCCL, but torch's NCCL wheel (python -c 'import nvidia.nccl') is not installed and HOROVOD_NCCL_HOME is not set"
+        [[ -f $NCCL_WHEEL/include/nccl.h && -f $NCCL_WHEEL/lib/libnccl.so.2 ]] \
+            || die "torch's NCCL wheel at $NCCL_WHEEL has no include/nccl.h and lib/libnccl.so.2; set HOROVOD_NCCL_HOME"
+        NCCL_LINK_DIR="$WHEEL_CACHE/nccl-lib/$(printf %s "$NCCL_WHEEL" | cksum | cut -d' ' -f1)"
+        if ((!DRY_RUN)); then
+            mkdir -p "$NCCL_LINK_DIR"
+            ln -sfn "$NCCL_WHEEL/lib/libnccl.so.2" "$NCCL_LINK_DIR/libnccl.so"
+        fi
+        export HOROVOD_NCCL_INCLUDE=$NCCL_WHEEL/include HOROVOD_NCCL_LIB=$NCCL_LINK_DIR
+        export HOROVOD_NCCL_LINK=${HOROVOD_NCCL_LINK:-SHARED}
+    fi
+    NCCL_HEADER=${HOROVOD_NCCL_INCLUDE:-${HOROVOD_NCCL_HOME:-}/include}/nccl.h
+    [[ -f $NCCL_HEADER ]] && NCCL_VERSION=$(awk '$1 == "#define" && $2 ~ /^NCCL_(MAJOR|MINOR|PATCH)$/ {v = v (v ? "." : "") $3} END {print v}' "$NCCL_HEADER")
+fi
+
 # Horovod's setup.py defaults to make -j8, which oversubscribes small boxes
 # and underuses big ones.
 export MAKEFLAGS="${MAKEFLAGS:--j$(nproc 2>/dev/null || echo 2)}"
@@ -113,14 +155,26 @@ TORCH_VERSION="$("$PYTHON" -c 'import torch; print(torch.__version__)')"
 PY_TAG="$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
 VARIANT="gloo"
 [[ "${HOROVOD_WITH_MPI:-0}" == 1 ]] && VARIANT+="-mpi"
-[[ -n "${HOROVOD_GPU_OPERATIONS:-}" ]] && VARIANT+="-$(tr '[:upper:]' '[:lower:]' <<<"$HOROVOD_GPU_OPERATIONS")"
+[[ -n "${HOROVOD_GPU_OPERATIONS:-}" ]] && VARIANT+="-$(tr '[:upper:]' '[:lower:]' <<<"$HOROVOD_GPU_OPERATIONS")${NCCL_VERSION}"
 CACHE_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION/torch-$TORCH_VERSION-$PY_TAG-$VARIANT"
 
 log "python:   $PYTHON ($PY_TAG), torch $TORCH_VERSION"
 log "config:   MPI=$([[ ${HOROVOD_WITH_MPI:-0} == 1 ]] && echo yes || echo no)" \
     "GPU_OPERATIONS=${HOROVOD_GPU_OPERATIONS:-none}" \
     "HOROVOD_CUDA_HOME=${HOROVOD_CUDA_HOME:-unset}"
+if [[ ${HOROVOD_GPU_OPERATIONS:-} == NCCL ]]; then
+    log "nccl:     ${NCCL_VERSION:-version unknown}" \
+        "HOROVOD_NCCL_HOME=${HOROVOD_NCCL_HOME:-unset}" \
+        "HOROVOD_NCCL_INCLUDE=${HOROVOD_NCCL_INCLUDE:-unset}" \
+        "HOROVOD_NCCL_LIB=${HOROVOD_NCCL_LIB:-unset}" \
+        "HOROVOD_NCCL_LINK=${HOROVOD_NCCL_LINK:-unset}" \
+        "HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-unset}"
+fi
 log "cache:    $CACHE_DIR"
+if ((DRY_RUN)); then
+    log "dry run: nothing built or installed"
+    exit 0
+fi
 
 # Build isolation is off (see below), so build deps must be present here.
 # Horovod's runtime deps are also build deps: setup.py imports horovod for
@@ -193,11 +247,13 @@ fi
 "$PYTHON" -m pip install --force-reinstall --no-deps "$WHEEL"
 
 # --- Verify -----------------------------------------------------------------
-"$PYTHON" - <<'EOF'
+WANT_NCCL=${HOROVOD_GPU_OPERATIONS:-} "$PYTHON" - <<'EOF'
+import os
 import horovod
 import horovod.torch as hvd
 hvd.init()
 assert hvd.gloo_built(), "horovod was built without Gloo"
+assert os.environ["WANT_NCCL"] != "NCCL" or hvd.nccl_built(), "horovod was built without NCCL"
 print(f"[install-horovod] horovod {horovod.__version__} OK:"
       f" size={hvd.size()} rank={hvd.rank()} gloo={hvd.gloo_built()}"
       f" mpi={hvd.mpi_built()} nccl={hvd.nccl_built()}")
