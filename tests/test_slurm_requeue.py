@@ -5,8 +5,8 @@ and the job requeues itself; `scontrol requeue` (an admin, preemption) kills it 
 new run resumes by itself (--auto-resume) and the finished job has the parameters of an
 uninterrupted run; the same script submitted again (a new job id) resumes from the same folder.
 
-The script runs as written, asking --gpus-per-node=4: the local cluster's nodes advertise 4 GPUs
-to the scheduler (a count, no devices), and the tasks train on CPU with gloo. Only the layout is
+The script runs as written, asking --gpus-per-node=4: the local cluster's nodes advertise 4
+placeholder GPUs (empty files, no devices), and the tasks train on CPU with gloo. Only the layout is
 made smaller on the command line (one node, 2 tasks of 1 CPU).
 
 Runs a real job on the Slurm cluster (tools/slurm-local.sh). Slurm holds a requeued job back for
@@ -76,6 +76,7 @@ def test_job_stopped_by_usr1_then_requeued_resumes_and_matches_an_uninterrupted_
     name = f"test_slurm_requeue-{uuid.uuid4().hex[:8]}"
     out, log = os.path.join(ROOT, "output", name), tmp_path / "job.log"  # train.sbatch's output folder
     job, events = sbatch(name, log, tiny_data, *ARGS), []
+    jobs = [job]
     deadline = time.monotonic() + TIMEOUT
 
     def interrupt(text):
@@ -108,11 +109,12 @@ def test_job_stopped_by_usr1_then_requeued_resumes_and_matches_an_uninterrupted_
         # the same script submitted again under the same name (a new job id) goes on from there
         log2 = tmp_path / "job2.log"
         job2 = sbatch(name, log2, tiny_data, *ARGS, "--epochs", "3")  # the last --epochs wins
+        jobs.append(job2)
         info = wait_done(job2, log2, time.monotonic() + TIMEOUT)
         text = log2.read_text()
         assert info["JobState"] == "COMPLETED" and job2 != job, (info, text[-3000:])
         assert "start epoch 2" in text and "Epoch [0]" not in text and "Epoch [2]" in text, text[-3000:]
     finally:
-        subprocess.run(["scancel", job], timeout=30)
+        subprocess.run(["scancel", *jobs], timeout=30)
         reference.join()
         shutil.rmtree(out, ignore_errors=True)

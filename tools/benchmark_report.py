@@ -297,6 +297,11 @@ def add_loader(rows, loader_ips):
     return rows
 
 
+def field(row, key):
+    """row[key] for the report's text, "?" for a run that did not happen or lacks it."""
+    return "?" if not row or row.get(key) in (None, "") else row[key]
+
+
 def check_bars(rows, native_mixed_precision):
     """native_mixed_precision: whether the hardware runs bf16 (CPU) or fp16/bf16 (GPU) natively."""
     by = {r["backend"]: r for r in rows if r["status"] == "ok"}
@@ -306,8 +311,6 @@ def check_bars(rows, native_mixed_precision):
         if minimum is None:
             minimum = AMP_BAR_NATIVE if native_mixed_precision else AMP_BAR_OTHER
         amp = {"off": "fp32", None: "?"}.get((t or {}).get("amp"), (t or {}).get("amp"))
-        def field(row, key):  # "?" for a run that did not happen
-            return "?" if not row or row.get(key) in (None, "") else row[key]
         what = what.format(p=field(t, "processes"), t=field(t, "threads_per_process"),
                            c=field(b, "threads_per_process"), amp=amp,
                            hw="native mixed precision" if native_mixed_precision else "no native bf16")

@@ -44,12 +44,10 @@ fi
 
 started_slurm=0
 if [ "$(id -u)" = 0 ] && [ -f tools/slurm-local.sh ]; then
-  if ! bash tools/slurm-local.sh status >/dev/null 2>&1; then
-    bash tools/slurm-local.sh up
-    started_slurm=1
-  else
-    bash tools/slurm-local.sh up  # a no-op, unless it runs a configuration older than the tests expect
-  fi
+  # stopped at the end only if started here; `up` on a running cluster is a no-op, unless it runs
+  # a configuration older than the tests expect
+  bash tools/slurm-local.sh status >/dev/null 2>&1 || started_slurm=1
+  bash tools/slurm-local.sh up
 else
   echo "tools/test.sh: not root, so no local Slurm cluster: the Slurm tests need one (sinfo)" >&2
 fi
