@@ -8,7 +8,7 @@
 
 No launcher: the script spawns one process per GPU itself and gives each its rank,
 node rank x processes per node + local rank, in a world of nodes x processes.
-Everything below "shared" markers is the same, line for line, in all six scripts of this
+Everything below "shared" markers is the same, line for line, in all the scripts of this
 project: `diff distributed.py multiprocessing_distributed.py` shows what spawning changes.
 """
 import argparse
@@ -20,9 +20,11 @@ import json
 import math
 import os
 import random
+import re
 import resource
 import signal
 import socket
+import struct
 import sys
 import time
 
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 import torch.utils.data
 import torchvision
 import torchvision.models as models
+import torchvision.transforms.v2 as T
 import torchvision.transforms.v2.functional as TF
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 
@@ -47,92 +50,71 @@ class UserError(Exception):
     """Bad input: reported as one line and a non-zero exit, never a traceback."""
 
 
+DEMO_MARK = "DEMO_DATA.txt"  # the file that marks a folder of demo data (tools/make_demo_data.py writes it)
+DEMO_DEFAULTS = dict(batch_size=32, epochs=3, workers=2)  # a few minutes on a laptop
+
+
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                epilog="Defaults follow pytorch/examples' ImageNet recipe, except on the demo data "
-                                       f"(folders with a {DEMO_MARK} file, made by tools/make_demo_data.py) and with "
-                                       "--dummy, where they are the few-minute demo's: " +
-                                       ", ".join(f"{k} {v}" for k, v in DEMO_DEFAULTS.items()))
-    p.add_argument("data_arg", nargs="?", metavar="DATA", help="the data folder, as pytorch/examples takes it (or --data)")
-    p.add_argument("--data", metavar="DIR", default=None,
-                   help="ImageFolder root with train/ and val/ (default: data/demo, made by tools/make_demo_data.py)")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Defaults: pytorch/examples' ImageNet "
+                                f"recipe, except on the demo data (folders with a {DEMO_MARK} file) and with --dummy: "
+                                + ", ".join(f"{k} {v}" for k, v in DEMO_DEFAULTS.items()))
+    p.add_argument("data_arg", nargs="?", metavar="DATA", help="data folder, as pytorch/examples takes it")
+    p.add_argument("--data", metavar="DIR", help="ImageFolder root with train/ and val/ (default: data/demo)")
     p.add_argument("-a", "--arch", default="resnet18", help="any torchvision classification model (default: resnet18)")
-    p.add_argument("-j", "--workers", type=int, default=None,
-                   help="data loading processes per training process (default: min(8, CPU cores per local process))")
-    p.add_argument("--loader-start-method", choices=["fork", "spawn", "forkserver"], default=None,
-                   help="how loader workers start (default: fork where the OS has it); spawn or forkserver "
-                        "where forking breaks, e.g. under MPI with InfiniBand (Horovod over MPI)")
-    p.add_argument("--epochs", type=int, default=None, help="default: 90")
-    p.add_argument("--start-epoch", type=int, default=0, help="epoch to start at (--resume takes it from the checkpoint)")
-    p.add_argument("-b", "--batch-size", type=int, default=None,
-                   help="global batch, split evenly across processes (default: 256)")
-    p.add_argument("--lr", "--learning-rate", type=float, default=None, dest="lr",
-                   help="for the global batch (default: 0.1 x batch-size / 256, ImageNet's linear scaling rule)")
+    p.add_argument("-j", "--workers", type=int, help="loader processes per process (default: min(8, cores each))")
+    p.add_argument("--loader-start-method", choices=["fork", "spawn", "forkserver"], help="how loader workers start "
+                   "(default: fork); spawn or forkserver where forking breaks, e.g. MPI over InfiniBand")
+    p.add_argument("--epochs", type=int, help="default: 90 (3 on the demo data)")
+    p.add_argument("--start-epoch", type=int, default=0, help="epoch to start at (--resume reads it)")
+    p.add_argument("-b", "--batch-size", type=int, help="global batch, split evenly across processes (default: 256)")
+    p.add_argument("--lr", "--learning-rate", type=float, dest="lr", help="default: 0.1 x global batch / 256")
     p.add_argument("--lr-step", type=int, default=30, help="divide the learning rate by 10 every N epochs")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--wd", "--weight-decay", type=float, default=1e-4, dest="weight_decay")
     p.add_argument("-p", "--print-freq", type=int, default=10, help="print every N steps (the only host syncs)")
     p.add_argument("--resume", metavar="PATH", default="", help="checkpoint to continue from")
-    p.add_argument("--auto-resume", action="store_true", help="resume from OUTPUT_DIR/checkpoint.pth.tar if it exists "
-                   "(SIGUSR1 makes all processes stop at one step and save a checkpoint: see slurm/train.sbatch)")
+    p.add_argument("--auto-resume", action="store_true", help="resume from OUTPUT_DIR/checkpoint.pth.tar if there is "
+                   "one (SIGUSR1 makes all processes stop at one step and save it: see slurm/train.sbatch)")
     p.add_argument("-e", "--evaluate", action="store_true", help="only evaluate on val/")
     p.add_argument("--pretrained", action="store_true", help="start from torchvision's weights (downloads them)")
-    p.add_argument("--seed", type=int, default=0, help="process r seeds its RNGs with seed + r")
-    p.add_argument("--deterministic", action="store_true",
-                   help="deterministic kernels where PyTorch has them (slower); the others warn once")
+    p.add_argument("--seed", type=int, default=0, help="seeds the shuffling, the augmentations and the initial weights")
+    p.add_argument("--deterministic", action="store_true", help="deterministic kernels where PyTorch has them (slower)")
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--no-augment", dest="augment", action="store_false",
-                   help="train on centre crops, without random crops and flips")
+    p.add_argument("--no-augment", dest="augment", action="store_false", help="train on centre crops, unflipped")
     p.add_argument("--dummy", action="store_true", help="synthetic data in memory instead of --data")
-    p.add_argument("--output-dir", default=None, help="checkpoints and metrics.jsonl (default: output/<script>)")
-    p.add_argument("--norm", choices=["batch", "group"], default="batch",
-                   help="group: GroupNorm instead of BatchNorm (per-sample, so independent of the process count)")
+    p.add_argument("--output-dir", help="checkpoints and metrics.jsonl (default: output/<script>)")
+    p.add_argument("--norm", choices=["batch", "group"], default="batch", help="group: GroupNorm for BatchNorm")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm: batch statistics over all processes (CUDA)")
-    p.add_argument("--amp", choices=["off", "auto", "bf16", "fp16"], default="off",
-                   help="mixed precision with torch.amp; auto: what the hardware runs natively (bf16 on GPUs from "
-                        "Ampere on and on CPUs with AVX512_BF16 or AMX, fp16 + GradScaler on older GPUs, else fp32)")
-    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                   help="NHWC memory format (default: with mixed precision only, where it is faster)")
-    p.add_argument("--fp64", action="store_true",
-                   help="train in float64 (slow): N processes then match one process to ~1e-12, whatever the "
-                        "kernels' summation order, which checks the parallel math itself")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model; the first steps compile it: their time is logged as compile_s, "
-                        "apart from images/s")
+    p.add_argument("--amp", choices=["off", "auto", "bf16", "fp16"], default="off", help="mixed precision; auto: what "
+                   "the hardware runs natively (bf16 from Ampere on and on AVX512_BF16/AMX CPUs, else fp16 on GPUs)")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, help="NHWC (default: with --amp)")
+    p.add_argument("--fp64", action="store_true", help="train in float64 (slow): N processes then match one process "
+                   "to ~1e-12, whatever the kernels' summation order, which checks the parallel math itself")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (the compile time is logged apart)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per process (default: PyTorch's)")
-    p.add_argument("--dist-backend", default=None, help="nccl with CUDA, else gloo")
+    p.add_argument("--dist-backend", help="nccl with CUDA, else gloo")
     p.add_argument("--dist-timeout", type=float, default=1800, help="seconds before a stuck collective fails")
     return p
 
 
-DEMO_MARK = "DEMO_DATA.txt"  # written by tools/make_demo_data.py
-DEMO_DEFAULTS = dict(batch_size=32, epochs=3, workers=2)
-
-
 def resolve_defaults(args, world_size):
-    """The ImageNet recipe (global batch 256, 90 epochs, lr 0.1 x batch / 256 divided by 10 every 30
-    epochs, weight decay 1e-4, min(8, cores per local process) loader workers), except on the demo data."""
+    """pytorch/examples' ImageNet recipe, except on the demo data. Loader workers: min(8, cores this process
+    may use / processes on its node); the launchers say how many a node runs, else one per GPU is assumed."""
     if args.data_arg is not None and args.data not in (None, args.data_arg):
         raise UserError(f"two data folders: {args.data_arg} and --data {args.data}")
     args.data = args.data_arg or args.data or "data/demo"
     args.demo = args.dummy or os.path.normpath(args.data) == "data/demo" or \
         os.path.isfile(os.path.join(args.data, DEMO_MARK))
-    recipe = dict(batch_size=256, epochs=90, workers=loader_workers(world_size))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    local = next((int(os.environ[v]) for v in ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+                  if os.environ.get(v, "").isdigit()), None) or min(world_size, torch.cuda.device_count() or world_size)
+    recipe = dict(batch_size=256, epochs=90, workers=min(8, cores // local) or 1)
     for name, value in (DEMO_DEFAULTS if args.demo else recipe).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    if args.lr is None:
-        args.lr = 0.1 * args.batch_size / 256
+    args.lr = 0.1 * args.batch_size / 256 if args.lr is None else args.lr
 
 
-def loader_workers(world_size):
-    """min(8, CPU cores this process may use / processes on this node); the launchers say how many
-    processes a node runs, else one per GPU (at most the world size) is assumed."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    local = next((int(os.environ[v]) for v in ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
-                  if os.environ.get(v, "").isdigit()), None)
-    local = local or min(world_size, torch.cuda.device_count() or world_size)
-    return max(1, min(8, cores // max(local, 1)))
 # ---- end shared: options ----
 
 
@@ -179,6 +161,10 @@ def distribute(model, optimizer, args, device):
     return nn.parallel.DistributedDataParallel(model, device_ids=ids), optimizer
 
 
+def full_state(model, optimizer):  # called in every process; rank 0 saves what it returns
+    return model.state_dict(), optimizer.state_dict()
+
+
 def sync_batchnorm(model):  # --sync-bn: batch statistics over all processes
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
@@ -186,10 +172,6 @@ def sync_batchnorm(model):  # --sync-bn: batch statistics over all processes
 def all_reduce_sum(tensor):
     dist.all_reduce(tensor)
     return tensor
-
-
-def barrier():
-    dist.barrier()
 
 
 def prefetch(loader, device):
@@ -202,352 +184,248 @@ def shutdown():
 
 
 # ---- shared: training (copied from distributed.py; tools/sync_shared.py keeps copies equal) ----
-STOP = []  # non-empty once this process got SIGUSR1 (Slurm's warning before a time limit or preemption)
+######## The loop: set-up, the epochs, train, validate, checkpoints ########
 
-
-def request_stop(signum=None, frame=None):
-    STOP.append(signum)
-
-
-def start_workers(loader):
-    """iter(loader) with SIGUSR1 blocked while its workers start, so that they keep it blocked: Slurm
-    signals every process of a job step, and a spawned worker would die of it, failing the run."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+def main_worker(local_rank, rank, world_size, args):
+    try:  # every process checks alike, before any process group exists: bad input leaves no one waiting
+        check_args(args, world_size)
+    except UserError:
+        report_once(rank)
+        raise
+    signal.signal(signal.SIGUSR1, lambda *_: STOP.append(1))  # Slurm's warning before a time limit or preemption
+    device = init_distributed(args, local_rank, rank, world_size)
     try:
-        return iter(loader)
+        train_and_evaluate(args, device, local_rank, rank, world_size)
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        shutdown()
 
 
-def run(worker, *worker_args):
-    """Run the worker and turn bad input into one line on stderr and exit status 2."""
-    try:
-        worker(*worker_args)
-    except UserError as e:
-        # an error raised in a DataLoader worker comes back with its traceback: keep the message
-        print(f"{SCRIPT}: error: {str(e).strip().splitlines()[-1].split('UserError: ', 1)[-1]}",
-              file=sys.stderr, flush=True)
-        sys.exit(2)
-    except dist.DistError as e:  # a peer that never came, died, or a port in use: say so and leave
-        print(f"{SCRIPT}: error: {type(e).__name__}: {str(e).strip().splitlines()[0]}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    except RuntimeError as e:  # gloo reports a peer that died or went silent as a plain RuntimeError
-        text = str(e)
-        if "/gloo/" not in text and "caused pair closure" not in text:  # the latter: a timeout on another thread
-            raise
-        timed_out = "timed out" in text.lower() or "timeout" in text.lower()
-        what = "no answer from another process within --dist-timeout" if timed_out else "lost another process"
-        print(f"{SCRIPT}: error: {what} (gloo): {gloo_message(text)}", file=sys.stderr, flush=True)
-        sys.exit(1)
+def train_and_evaluate(args, device, local_rank, rank, world_size):
+    args.amp, args.channels_last, why = choose_precision(args, device)
+    if args.deterministic:  # cuBLAS needs a fixed workspace; kernels without a deterministic version
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # (adaptive pooling's backward on CUDA)
+        torch.use_deterministic_algorithms(True, warn_only=True)  # warn instead of stopping the run
+    torch.backends.cudnn.benchmark = not args.deterministic
+    train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
+    train_loader, train_sampler, val_loader = build_loaders(train_set, val_set, args, rank, world_size, device)
+    if len(train_loader) == 0 and not args.evaluate:
+        report_once(rank)
+        raise UserError(f"the {len(train_set)} training images make no full batch of {args.batch_size}: "
+                        "lower --batch-size")
+
+    torch.manual_seed(args.seed)  # the same initial weights in every process, as one process would have
+    model = create_model(args, num_classes)
+    if args.sync_bn:
+        model = sync_batchnorm(model)
+    model.to(device, torch.float64 if args.fp64 else torch.float32,
+             memory_format=torch.channels_last if args.channels_last else torch.contiguous_format)
+    optimizer = build_optimizer(model, args, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+    start_epoch, best_acc1, start_sample = args.start_epoch, 0.0, 0
+    resume = os.path.join(args.output_dir, "checkpoint.pth.tar")
+    resume = resume if args.auto_resume and os.path.isfile(resume) else args.resume
+    if resume:
+        start_epoch, best_acc1, start_sample = load_checkpoint(resume, model, optimizer, scaler, args, num_classes)
+    bare_model = model  # validation and checkpoints use the model before compiling and wrapping
+    if args.compile:  # compile the inner model, then wrap it (PyTorch's advice for DDP)
+        model = torch.compile(model)
+    model, optimizer = distribute(model, optimizer, args, device)
+    eval_model = model if isinstance(model, nn.DataParallel) else bare_model  # DDP's forward would sync buffers
+    if rank == 0:  # the settings in effect, and why
+        opt, amp = type(optimizer), "fp64" if args.fp64 else "fp32" if args.amp == "off" else args.amp
+        print(f"{SCRIPT}: amp: {amp} ({why}), channels_last {'on' if args.channels_last else 'off'}, optimizer "
+              f"{opt.__module__}.{opt.__name__}{' (fused)' if optimizer.defaults.get('fused') else ''}; {world_size} "
+              f"process(es), backend {args.dist_backend}, device {device.type}, {args.arch}, {torch.get_num_threads()} "
+              f"thread(s); batch {args.batch_size // world_size} per process, {args.epochs} epochs, lr {args.lr:g} "
+              f"(/10 every {args.lr_step} epochs), weight decay {args.weight_decay:g}, {args.workers} loader workers "
+              f"per process ({'demo settings' if args.demo else 'ImageNet recipe'}); start epoch {start_epoch}"
+              f"{f' at sample {start_sample}' if start_sample else ''}", flush=True)
+    if note:  # after the settings: the run's first line says what it runs, and why
+        print(note, flush=True)
+
+    def checkpoint(epoch, samples=0, is_best=False):  # the epoch to start at, and the samples of it trained
+        model_state, optimizer_state = full_state(bare_model, optimizer)
+        if rank == 0:
+            save_checkpoint(dict(epoch=epoch, samples=samples, arch=args.arch, num_classes=num_classes,
+                                 model=model_state, optimizer=optimizer_state, scaler=scaler.state_dict(),
+                                 best_acc1=best_acc1), is_best, args.output_dir)
+
+    if args.evaluate:
+        val = validate(val_loader, eval_model, args, device, rank)
+        log_metrics(args, rank, dict(script=SCRIPT, world_size=world_size, epoch=start_epoch, **val))
+        return
+    for epoch in range(start_epoch, args.epochs):
+        train_sampler.set_epoch(epoch, start_sample if epoch == start_epoch else 0)
+        seed = args.seed + rank + 100_003 * epoch  # the process's own draws (dropout): a resumed run draws alike
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        lr = args.lr * 0.1 ** (epoch // args.lr_step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        stats, stopped_at = train(train_loader, model, optimizer, scaler, epoch, args, device, rank, world_size)
+        if stats is None:  # every process stops after the same step: save it, to go on from the next sample
+            checkpoint(epoch, stopped_at)
+            if rank == 0:
+                print(f"{SCRIPT}: stopped on SIGUSR1 after sample {stopped_at} of epoch {epoch}: checkpoint saved; "
+                      "--auto-resume continues from there", flush=True)
+            return
+        average_buffers(bare_model, world_size)
+        val = validate(val_loader, eval_model, args, device, rank)
+        is_best, best_acc1 = val["val_acc1"] > best_acc1, max(val["val_acc1"], best_acc1)
+        checkpoint(epoch + 1, 0, is_best)
+        log_metrics(args, rank, dict(script=SCRIPT, world_size=world_size, epoch=epoch, lr=lr, amp=args.amp,
+                                     arch=args.arch, batch_size=args.batch_size, device=device.type,
+                                     threads=torch.get_num_threads(), **stats, **val))
+        if stopped_at:  # asked to stop in the epoch's last step: its checkpoint is saved
+            return
 
 
-def gloo_message(text):
-    """'[/src/gloo/transport/tcp/pair.cc:545] Read error [ip]:port: Connection reset by peer. This is
-    typically...' -> 'Read error [ip]:port: Connection reset by peer.'"""
-    line = text.strip().splitlines()[0]
-    at = line.find("/gloo/")
-    start, end = line.rfind("[", 0, at), line.find("] ", at)
-    if start >= 0 and end >= 0:
-        line = line[:start] + line[end + 2:]
-    return line.split(" This is typically")[0]
+def train(loader, model, optimizer, scaler, epoch, args, device, rank, world_size):
+    """One epoch, or the rest of one. Returns its statistics (None: stopped mid-epoch) and, when the processes
+    were asked to stop (SIGUSR1), the samples of the epoch trained."""
+    model.train()
+    # running sums stay on the device, since reading them (.item()) would make the host wait every step:
+    # loss x n, top-1 hits, n, and the number of processes asked to stop, added up on print steps
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    start, global_batch, steps = loader.sampler.start, loader.batch_size * world_size, len(loader)
+    warmup = min(2, steps - 1)  # steps left out of images/s: allocator and cudnn warm-up, compilation
+    data_time, t_start = 0.0, time.perf_counter()
+    t_fetch = t_warm = t_start
+    for i, (images, target) in enumerate(prefetch(start_workers(loader), device)):
+        data_time += time.perf_counter() - t_fetch
+        if i == warmup:
+            t_warm = time.perf_counter()
+        loss, top1, _, n = forward(model, images, target, args, device)
+        optimizer.zero_grad()  # sets the gradients to None: no memset
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        sums[0] += loss.detach().double() * n
+        sums[1] += top1
+        sums[2] += n  # an in-place add of a Python number: no host-to-device copy, so no wait
+        if i % args.print_freq == 0 or i == steps - 1:
+            if STOP:  # the signal reaches the processes at different steps: the flag rides along in this
+                sums[3] = 1  # reduction, and all processes stop after the first print step that sees it
+            total = all_reduce_sum(sums.clone()).tolist()
+            if rank == 0:
+                print(f"Epoch [{epoch}][{i + 1}/{steps}] loss {total[0] / total[2]:.4f} acc@1 "
+                      f"{100 * total[1] / total[2]:.2f} {(time.perf_counter() - t_start) / (i + 1):.3f} s/step",
+                      flush=True)
+            if total[3] > 0 and i < steps - 1:
+                return None, start + (i + 1) * global_batch
+        t_fetch = time.perf_counter()
+    total = all_reduce_sum(sums).tolist()  # reading the sums waits for the GPU: the times below include its work
+    elapsed, timed = time.perf_counter() - t_start, time.perf_counter() - t_warm
+    warm_s = t_warm - t_start  # its time beyond that of as many ordinary steps: compiling
+    compile_s = max(0.0, warm_s - warmup * timed / max(steps - warmup, 1)) if args.compile else None
+    if args.compile and rank == 0:
+        print(f"compile: {compile_s:.1f} s in the first {warmup} step(s), left out of images/s", flush=True)
+    peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return dict(train_loss=total[0] / total[2], train_acc1=100 * total[1] / total[2],
+                train_images_per_s=(total[2] - warmup * global_batch) / timed, epoch_time_s=elapsed,
+                data_wait_frac=data_time / elapsed, peak_memory_mb=peak_mb, warmup_s=warm_s, compile_s=compile_s), \
+        start + steps * global_batch if total[3] > 0 else 0
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@torch.no_grad()
+def validate(loader, model, args, device, rank):
+    """Exact evaluation: each image is seen by one process, and the sums of loss, top-1 and top-5 hits and
+    images are added over all processes in one all_reduce, so the result does not depend on their number."""
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    for images, target in prefetch(start_workers(loader), device):
+        loss_sum, top1, top5, n = forward(model, images, target, args, device, reduction="sum")
+        sums[:3] += torch.stack([loss_sum.double(), top1.double(), top5.double()])
+        sums[3] += n
+    loss_sum, top1, top5, n = all_reduce_sum(sums).tolist()
+    result = dict(val_loss=loss_sum / max(n, 1), val_acc1=100 * top1 / max(n, 1), val_acc5=100 * top5 / max(n, 1),
+                  val_images=int(round(n)))
+    if rank == 0:
+        print(f" * Acc@1 {result['val_acc1']:.3f} Acc@5 {result['val_acc5']:.3f} loss {result['val_loss']:.4f} "
+              f"({result['val_images']} images)", flush=True)
+    return result
 
 
-def check_args(args, world_size):
-    """Checks that every process can make alike, before any process group exists, so bad
-    input fails at once instead of leaving the other processes waiting in a collective."""
-    resolve_defaults(args, world_size)
-    if args.batch_size < world_size:
-        raise UserError(f"--batch-size {args.batch_size} is smaller than the world size {world_size}: "
-                        "every process needs at least one sample per step")
-    if args.arch not in models.list_models(module=models):
-        raise UserError(f"unknown --arch {args.arch!r}; see torchvision.models.list_models()")
-    if args.dist_backend is None:
-        args.dist_backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if args.dist_backend == "nccl" and not torch.cuda.is_available():
-        raise UserError("--dist-backend nccl needs CUDA GPUs; use gloo on CPU")
-    if args.fp64 and args.amp in ("bf16", "fp16"):
-        raise UserError(f"--fp64 and --amp {args.amp} contradict each other: choose one precision")
-    if args.sync_bn and not torch.cuda.is_available():
-        raise UserError("--sync-bn needs CUDA (PyTorch's SyncBatchNorm is GPU-only); use --norm group on CPU")
-    if args.resume and not os.path.isfile(args.resume):
-        raise UserError(f"--resume: no checkpoint at {args.resume}")
-    if not args.dummy:
-        check_data(args.data)
-    if args.output_dir is None:
-        args.output_dir = os.path.join("output", os.path.splitext(SCRIPT)[0])
-    probe = os.path.join(args.output_dir, f".write-test-{socket.gethostname()}-{os.getpid()}")
-    try:  # a folder that cannot hold checkpoints fails now, not after the first epoch
-        os.makedirs(args.output_dir, exist_ok=True)
-        with open(probe, "wb"):
-            pass
-        os.remove(probe)
-    except OSError as e:
-        raise UserError(f"output folder {args.output_dir} cannot be written: {e.strerror or e}") from None
+def forward(model, images, target, args, device, reduction="mean"):
+    """Moves a batch to the device, runs the model and the loss under autocast (cross_entropy in fp32), and
+    counts the samples whose target is the top output and among the top 5; returns those and the batch size.
+    inception_v3 and googlenet add auxiliary outputs in training, weighted as in torchvision's references."""
+    images = images.to(device, torch.float64 if args.fp64 else torch.float32, non_blocking=True,
+                       memory_format=torch.channels_last if args.channels_last else torch.contiguous_format)
+    target = target.to(device, non_blocking=True)
+    with torch.autocast(device.type, dtype=torch.float16 if args.amp == "fp16" else torch.bfloat16,
+                        enabled=args.amp != "off"):
+        output = model(images)
+        output, *aux = [o for o in output if o is not None] if isinstance(output, tuple) else [output]
+        loss = F.cross_entropy(output, target, reduction=reduction)
+        loss = loss + sum((0.4 if len(aux) == 1 else 0.3) * F.cross_entropy(a, target) for a in aux)
+    hits = output.detach().topk(min(5, output.shape[1]), dim=1).indices == target[:, None]
+    return loss, hits[:, 0].sum(), hits.any(dim=1).sum(), target.shape[0]
 
 
-def check_data(root):
-    if not os.path.isdir(root):
-        hint = " (create it with: python tools/make_demo_data.py)" if root == "data/demo" else ""
-        raise UserError(f"data folder {root} does not exist{hint}")
-    classes = {}
-    for split in ("train", "val"):
-        folder = os.path.join(root, split)
-        if not os.path.isdir(folder):
-            raise UserError(f"{folder} is missing: --data needs train/ and val/ folders of class folders")
-        classes[split] = sorted(d.name for d in os.scandir(folder) if d.is_dir())
-        if not classes[split]:
-            raise UserError(f"{folder} has no class folders")
-    if classes["train"] != classes["val"]:
-        only_t = sorted(set(classes["train"]) - set(classes["val"]))
-        only_v = sorted(set(classes["val"]) - set(classes["train"]))
-        raise UserError(f"train/ and val/ in {root} have different classes: only in train: {only_t[:5]}, "
-                        f"only in val: {only_v[:5]}")
+def average_buffers(model, world_size):
+    """BatchNorm's running statistics differ between processes (each saw its own shards): averaged, every
+    process evaluates, and rank 0 saves, one and the same model."""
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    if world_size == 1 or not buffers:
+        return
+    flat = all_reduce_sum(torch.cat([b.detach().double().reshape(-1) for b in buffers])) / world_size
+    for b, value in zip(buffers, flat.split([b.numel() for b in buffers])):
+        b.copy_(value.view_as(b))
 
 
-def setup_device(args, local_rank):
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    torch.cuda.set_device(local_rank % torch.cuda.device_count())
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def epoch_seed(args, rank, epoch):
-    """Seed + rank, so ranks draw different augmentations; re-drawn each epoch, so a run
-    resumed at an epoch boundary replays exactly what the uninterrupted run drew."""
-    return args.seed + rank + 100_003 * epoch
-
-
-def seed_all(seed):
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-@contextlib.contextmanager
-def local_rank0_first(local_rank):
-    """The body runs on each node's local rank 0 first (building a cache, say) while the other
-    ranks wait, then on them (reading that cache)."""
-    if local_rank != 0:
-        barrier()
-    yield
-    if local_rank == 0:
-        barrier()
-
-
-class ImageList(torch.utils.data.Dataset):
-    """ImageFolder from a packed list of samples (see list_images). The paths are one numpy
-    byte array with offsets, not a list of Python strings: 1.28M of them take ~50 MB, and a
-    forked loader worker reading them writes to none of their pages (a Python object's page is
-    written, so copied, whenever its reference count changes), so workers stay small."""
-
-    def __init__(self, root, samples, transform):
-        self.root, self.transform = root, transform
-        self.paths, self.offsets, self.targets = samples["paths"], samples["offsets"], samples["targets"]
-
-    def __len__(self):
-        return len(self.targets)
-
-    def path(self, i):
-        return os.path.join(self.root, self.paths[self.offsets[i]:self.offsets[i + 1]].tobytes().decode())
-
-    def __getitem__(self, item):
-        i, seed = item if isinstance(item, tuple) else (item, None)  # (index, seed) from SeededSampler
-        path = self.path(i)
+def save_checkpoint(state, is_best, output_dir):
+    """Atomic: serialized in memory (torch.save into a file turns a full disk into an opaque error), written to a
+    temporary file, synced, renamed over the old file. A crash or failed write leaves the old file whole."""
+    data = io.BytesIO()
+    torch.save(state, data)
+    for name in ("checkpoint.pth.tar", "model_best.pth.tar") if is_best else ("checkpoint.pth.tar",):
+        path = os.path.join(output_dir, name)
+        tmp = f"{path}.tmp-{socket.gethostname()}"  # a killed writer's is replaced by the next save on its host
         try:
-            image = read_image(path)
-        except Exception as e:
-            raise UserError(f"cannot read image {path}: {str(e).strip().splitlines()[-1]}") from None
-        # a generator per sample: its augmentation depends on the epoch's seed and the index only,
-        # not on which (persistent) loader worker reads it or what that worker read before
-        generator = None if seed is None else torch.Generator().manual_seed((seed * 2**32 + i) % 2**63)
-        return self.transform(image, generator), int(self.targets[i])
+            with open(tmp, "wb") as f:
+                f.write(data.getbuffer())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            folder = os.open(output_dir, os.O_RDONLY)  # the rename survives a power cut once the folder is synced
+            os.fsync(folder)
+            os.close(folder)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            kept = "the previous one is kept" if os.path.exists(path) else "there is none"
+            raise UserError(f"cannot write {path}: {e.strerror or e} ({kept})") from None
 
 
-def read_image(path):
-    """RGB uint8 tensor (3, H, W). torchvision's libjpeg-turbo decoder into a tensor, then
-    transforms on uint8 tensors, is faster than PIL (tools/loader_bench.py measures it); PIL
-    reads what torchvision cannot (grayscale, CMYK and PNG are torchvision's too)."""
-    data = torchvision.io.read_file(path)
+def load_checkpoint(path, model, optimizer, scaler, args, num_classes):
+    """Loads the checkpoints of every script here, whatever their --amp, and pytorch/examples' (whose names
+    DataParallel and DDP prefix with "module."). Returns the epoch, best Acc@1 and samples trained of it."""
     try:
-        return torchvision.io.decode_image(data, mode=torchvision.io.ImageReadMode.RGB)
-    except RuntimeError:
-        return TF.pil_to_tensor(default_loader(path))
-
-
-class TrainTransform:
-    """RandomResizedCrop (scale 0.08-1, aspect ratio 3/4-4/3, bilinear with antialiasing),
-    horizontal flip with probability 1/2, then normalize: torchvision's ImageNet recipe, on a
-    uint8 tensor, drawing from the sample's own generator."""
-
-    def __init__(self, size, mean, std):
-        self.size, self.mean, self.std = size, torch.tensor(mean).view(3, 1, 1), torch.tensor(std).view(3, 1, 1)
-
-    def crop_box(self, height, width, generator):
-        area, log_ratio = height * width, (math.log(3 / 4), math.log(4 / 3))
-        for _ in range(10):
-            target = area * (0.08 + 0.92 * torch.rand(1, generator=generator).item())
-            ratio = math.exp(log_ratio[0] + (log_ratio[1] - log_ratio[0]) * torch.rand(1, generator=generator).item())
-            w, h = int(round(math.sqrt(target * ratio))), int(round(math.sqrt(target / ratio)))
-            if 0 < w <= width and 0 < h <= height:
-                top = int(torch.randint(0, height - h + 1, (1,), generator=generator))
-                left = int(torch.randint(0, width - w + 1, (1,), generator=generator))
-                return top, left, h, w
-        # ten misses: the largest centred crop within the ratio range
-        w, h = min(width, int(round(height * 4 / 3))), min(height, int(round(width * 4 / 3)))
-        return (height - h) // 2, (width - w) // 2, h, w
-
-    def __call__(self, image, generator=None):
-        top, left, h, w = self.crop_box(image.shape[-2], image.shape[-1], generator)
-        image = TF.resized_crop(image, top, left, h, w, [self.size, self.size], antialias=True)
-        if torch.rand(1, generator=generator).item() < 0.5:
-            image = TF.horizontal_flip(image)
-        return TF.to_dtype(image, torch.float32, scale=True).sub_(self.mean).div_(self.std)
-
-
-class ValTransform(TrainTransform):
-    """Resize the shorter side to size * 256/224, centre crop, normalize (ImageNet's evaluation)."""
-
-    def __call__(self, image, generator=None):
-        image = TF.resize(image, [int(self.size * 256 / 224)], antialias=True)
-        image = TF.center_crop(image, [self.size, self.size])
-        return TF.to_dtype(image, torch.float32, scale=True).sub_(self.mean).div_(self.std)
-
-
-def pack_samples(paths, targets, classes):
-    """Relative paths (str) and class indices -> the packed arrays ImageList reads."""
-    encoded = [p.encode() for p in paths]
-    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
-    np.cumsum([len(b) for b in encoded], out=offsets[1:])
-    return dict(paths=np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets=offsets,
-                targets=np.asarray(targets, dtype=np.int16 if len(classes) < 2**15 else np.int32),
-                classes=np.asarray(classes, dtype=str))
-
-
-def cache_dirs(folder):
-    """Where image lists are cached: next to the data (DATA/.image-lists), where every job on
-    the same data finds them, or, where the data folder is read-only, in the user's cache."""
-    home = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytorch-distributed")
-    return [os.path.join(os.path.dirname(os.path.realpath(folder)), ".image-lists"), home]
-
-
-def list_images(folder):
-    """Returns the packed sample list of an ImageFolder tree (pack_samples) and where it was read
-    from (None: listed now). The cache file's name holds a key of the folder's real path and each
-    class folder's name and modification time, which changes when files are added, removed or
-    renamed there, so a changed data set is never served from an old list. The file is written
-    by atomic rename: several jobs on several nodes may write it at once, the last one wins, and
-    a reader sees a whole file or none."""
-    classes = sorted(d.name for d in os.scandir(folder) if d.is_dir())
-    stamp = [(c, os.stat(os.path.join(folder, c)).st_mtime_ns) for c in classes]
-    key = hashlib.sha1(json.dumps(["v2", os.path.realpath(folder), stamp]).encode()).hexdigest()[:16]
-    name = f"index-{os.path.basename(os.path.realpath(folder))}-{key}.npz"
-    for cache_dir in cache_dirs(folder):
-        with contextlib.suppress(Exception):  # absent, damaged or of another format: list again
-            with np.load(os.path.join(cache_dir, name)) as z:
-                if str(z["key"]) == key:
-                    return {k: z[k] for k in ("paths", "offsets", "targets", "classes")}, cache_dir
-    paths, targets = [], []
-    for target, c in enumerate(classes):
-        for dirpath, _, files in sorted(os.walk(os.path.join(folder, c), followlinks=True)):
-            rel = os.path.relpath(dirpath, folder)
-            paths += [os.path.join(rel, f) for f in sorted(files) if f.lower().endswith(IMG_EXTENSIONS)]
-            targets += [target] * (len(paths) - len(targets))
-    if not paths:
-        raise UserError(f"{folder} has no images ({', '.join(IMG_EXTENSIONS[:3])}, ...)")
-    samples = pack_samples(paths, targets, classes)
-    for cache_dir in cache_dirs(folder):
-        try:
-            atomic_write(os.path.join(cache_dir, name), lambda f: np.savez(f, key=np.asarray(key), **samples))
-            break
-        except OSError:  # a read-only data folder: try the next place
-            continue
-    return samples, None
-
-
-def build_datasets(args, local_rank, rank):
-    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-    val_tf, train_tf = ValTransform(args.image_size, mean, std), TrainTransform(args.image_size, mean, std)
-    if args.dummy:
-        train = FakeData(1280, args.image_size, 1000)
-        return train, FakeData(256, args.image_size, 1000), 1000, ""
-    with local_rank0_first(local_rank):
-        train_samples, cache_dir = list_images(os.path.join(args.data, "train"))
-        val_samples, _ = list_images(os.path.join(args.data, "val"))
-    n_train, n_val = len(train_samples["targets"]), len(val_samples["targets"])
-    # one line per node at least, naming the host: shows where the ranks of a multi-node job run
-    note = (f"rank {rank} on {socket.gethostname()}: "
-            f"{'read the image lists from ' + cache_dir if cache_dir else 'listed the images'}: "
-            f"{n_train} train, {n_val} val") if not cache_dir or local_rank == 0 else ""
-    num_classes = len(train_samples["classes"])
-    train_set = ImageList(os.path.join(args.data, "train"), train_samples, train_tf if args.augment else val_tf)
-    return train_set, ImageList(os.path.join(args.data, "val"), val_samples, val_tf), num_classes, note
-
-
-class SeededSampler(torch.utils.data.Sampler):
-    """Yields (index, seed) pairs from a DistributedSampler: the seed is the epoch's (epoch_seed),
-    and ImageList draws each sample's augmentation from (seed, index). Loader workers persist
-    across epochs, so their own RNGs are not re-seeded each epoch; this way a run resumed at an
-    epoch boundary still draws what the uninterrupted run drew, whatever the number of workers."""
-
-    skip = 0  # indices a run stopped mid-epoch had consumed: its resumed epoch starts after them
-
-    def __init__(self, sampler, seed_of_epoch):
-        self.sampler, self.seed_of_epoch = sampler, seed_of_epoch
-
-    def __iter__(self):
-        seed = self.seed_of_epoch(self.sampler.epoch)
-        return ((i, seed) for i in list(self.sampler)[self.skip:])
-
-    def __len__(self):
-        return len(self.sampler) - self.skip
-
-    def set_epoch(self, epoch):
-        self.sampler.set_epoch(epoch)
-
-
-class FakeData(torch.utils.data.Dataset):
-    """--dummy: random images made in memory, for timing without a disk."""
-
-    def __init__(self, n, size, num_classes):
-        self.n, self.size, self.num_classes = n, size, num_classes
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, item):
-        i = item[0] if isinstance(item, tuple) else item
-        g = torch.Generator().manual_seed(i)
-        return torch.randn(3, self.size, self.size, generator=g), i % self.num_classes
-
-
-def build_loaders(train_set, val_set, args, rank, world_size, device):
-    # Each process gets its own shard of every global batch. The training sampler shuffles
-    # with the same seed on every rank, so the ranks' shards of a step together are the
-    # batch one process would see: the run does not depend on the number of processes.
-    train_sampler = SeededSampler(torch.utils.data.distributed.DistributedSampler(
-        train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed, drop_last=True),
-        lambda epoch: epoch_seed(args, rank, epoch))
-    # Validation: rank r takes images r, r+W, r+2W, ... without padding, so each image is
-    # counted exactly once (DistributedSampler would repeat some to even out the shards).
-    val_indices = list(range(rank, len(val_set), world_size))
-    per_process = args.batch_size // world_size
-    # Loader workers are forked by default, as torchrun's processes do: a process started by
-    # mp.spawn would spawn them too, re-importing torch in each. They persist across epochs. Where
-    # forking breaks (MPI with InfiniBand), --loader-start-method spawn or forkserver.
-    method = args.loader_start_method or ("fork" if "fork" in torch.multiprocessing.get_all_start_methods() else None)
-    common = dict(batch_size=per_process, num_workers=args.workers, pin_memory=device.type == "cuda",
-                  multiprocessing_context=method if args.workers > 0 else None, persistent_workers=args.workers > 0)
-    train_loader = torch.utils.data.DataLoader(train_set, sampler=train_sampler, drop_last=True, **common)
-    val_loader = torch.utils.data.DataLoader(val_set, sampler=val_indices, **common)
-    return train_loader, train_sampler, val_loader
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)  # a checkpoint cannot run code
+    except Exception as e:
+        raise UserError(f"cannot load checkpoint {path}: {str(e).splitlines()[0]}") from None
+    weights = ckpt.get("model", ckpt.get("state_dict")) if isinstance(ckpt, dict) else None
+    if not isinstance(weights, dict) or "epoch" not in ckpt:
+        raise UserError(f"checkpoint {path} has no model weights and epoch: not a training checkpoint")
+    weights = {".".join(n for n in k.split(".") if n != "module"): v for k, v in weights.items()}
+    classes = ckpt.get("num_classes") or next((v.shape[0] for k, v in reversed(weights.items())  # the classifier's
+                                               if k.endswith("weight") and v.dim() >= 2), None)
+    if ckpt.get("arch") != args.arch or classes != num_classes:
+        raise UserError(f"checkpoint {path} is for {ckpt.get('arch')} with {classes} classes, "
+                        f"not --arch {args.arch} with {num_classes}")
+    try:
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise UserError(f"checkpoint {path} does not fit the model: {str(e).strip().splitlines()[0]}") from None
+    for group in optimizer.param_groups:  # fused or not is this machine's choice, not the saving machine's
+        group["fused"] = optimizer.defaults.get("fused")
+    if ckpt.get("scaler"):  # empty when written without fp16 (a disabled GradScaler): the fresh one starts
+        scaler.load_state_dict(ckpt["scaler"])
+    return ckpt["epoch"], float(ckpt.get("best_acc1", 0.0)), ckpt.get("samples", 0)
 
 
 def create_model(args, num_classes):
@@ -562,34 +440,276 @@ def create_model(args, num_classes):
         raise UserError(f"--arch {args.arch} cannot be built with {sorted(kwargs)}: {e}") from None
 
 
-def cpu_bf16_support():
-    """(native, name): whether this CPU runs bf16 matrix work natively (AVX512_BF16 or AMX; on AVX2
-    bf16 is emulated and about 10x slower than fp32), and a name for its capability. PyTorch's
-    ATEN_CPU_CAPABILITY and oneDNN's ONEDNN_MAX_CPU_ISA can hide native support: they count too."""
-    flags = set()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        flags = set(next((line for line in f if line.startswith("flags")), "").split())
-    aten = torch.backends.cpu.get_cpu_capability()  # what ATen's kernels use: DEFAULT, AVX2, AVX512, ...
-    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
-    onednn_hides = isa.startswith(("SSE", "AVX2", "AVX_")) or isa in ("AVX", "AVX512_CORE", "AVX512_CORE_VNNI")
-    if onednn_hides:
-        return False, f"{aten}, oneDNN limited to {isa}"
-    if aten != "AVX512":
-        return False, aten
-    if "amx_bf16" in flags:
-        return True, "AMX"
-    if "avx512_bf16" in flags:
-        return True, "AVX512_BF16"
-    return False, "AVX512 without AVX512_BF16"
+def build_optimizer(model, args, device):
+    """On CUDA, fused SGD (one kernel for all parameters), except under fp16's GradScaler: a fused step that
+    overflows skips writing the momentum buffers it has just allocated, and the next step reads garbage."""
+    fused = (device.type == "cuda" and args.amp != "fp16") or None
+    return torch.optim.SGD(model.parameters(), args.lr, args.momentum, weight_decay=args.weight_decay, fused=fused)
+
+
+def setup_device(args, local_rank):
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def log_metrics(args, rank, row):
+    if rank != 0:
+        return
+    try:
+        with open(os.path.join(args.output_dir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(row) + "\n")
+    except OSError as e:
+        raise UserError(f"cannot write {os.path.join(args.output_dir, 'metrics.jsonl')}: {e.strerror or e}") from None
+
+
+######## Data: the image lists, decoding, augmentation, the sampler and the loaders ########
+
+def build_datasets(args, local_rank, rank):
+    train_tf, val_tf = transforms(args.image_size, args.augment)
+    if args.dummy:
+        return FakeData(1280, args.image_size, 1000), FakeData(256, args.image_size, 1000), 1000, ""
+    train_samples, index = list_images(os.path.join(args.data, "train"))
+    val_samples = list_images(os.path.join(args.data, "val"))[0]
+    how = f"read the image lists from {index}" if index else "listed the images"  # one line a node, naming the host
+    note = f"rank {rank} on {socket.gethostname()}: {how}: {len(train_samples['targets'])} train, " \
+        f"{len(val_samples['targets'])} val" if local_rank == 0 else ""
+    train = ImageList(os.path.join(args.data, "train"), train_samples, train_tf)
+    return train, ImageList(os.path.join(args.data, "val"), val_samples, val_tf), len(train_samples["classes"]), note
+
+
+def list_images(folder):
+    """The samples of an ImageFolder tree, and the folder of the index they came from. Listing ImageNet takes
+    minutes on a network filesystem: an index made once (tools/index_images.py here) is read while current."""
+    classes = sorted(d.name for d in os.scandir(folder) if d.is_dir())
+    for index in index_paths(folder, classes):
+        with contextlib.suppress(Exception), np.load(index) as z:  # absent or damaged: list the folder
+            return {k: z[k] for k in ("paths", "offsets", "targets", "classes")}, os.path.dirname(index)
+    paths, targets = [], []
+    for target, c in enumerate(classes):
+        for dirpath, _, files in sorted(os.walk(os.path.join(folder, c), followlinks=True)):
+            paths += [os.path.join(os.path.relpath(dirpath, folder), f) for f in sorted(files)
+                      if f.lower().endswith(IMG_EXTENSIONS)]
+            targets += [target] * (len(paths) - len(targets))
+    if not paths:
+        raise UserError(f"{folder} has no images ({', '.join(IMG_EXTENSIONS[:3])}, ...)")
+    return pack_samples(paths, targets, classes), None
+
+
+def index_paths(folder, classes):
+    """Beside the data, or in the user's cache for read-only data. The name holds a key of the real path and the
+    class folders' names and modification times, which change when images are added, removed or renamed."""
+    real = os.path.realpath(folder)
+    key = json.dumps(["v2", real, [(c, os.stat(os.path.join(folder, c)).st_mtime_ns) for c in classes]])
+    name = f"index-{os.path.basename(real)}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
+    home = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytorch-distributed")
+    return [os.path.join(os.path.dirname(real), ".image-lists", name), os.path.join(home, name)]
+
+
+def pack_samples(paths, targets, classes):
+    """Paths as one byte array with offsets: 1.28M take ~50 MB, and a forked loader worker reading them copies
+    none of their pages (a Python string's page is copied whenever its reference count changes)."""
+    encoded = [p.encode() for p in paths]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return dict(paths=np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets=offsets,
+                targets=np.asarray(targets, dtype=np.int16 if len(classes) < 2**15 else np.int32),
+                classes=np.asarray(classes, dtype=str))
+
+
+class ImageList(torch.utils.data.Dataset):
+    """ImageFolder over packed samples. An item is (index, seed) from EpochSampler: the augmentation depends
+    on those alone, not on which (persistent) loader worker reads it, nor on the number of processes."""
+
+    def __init__(self, root, samples, transform):
+        self.root, self.transform = root, transform
+        self.paths, self.offsets, self.targets = samples["paths"], samples["offsets"], samples["targets"]
+
+    def __len__(self):
+        return len(self.targets)
+
+    def path(self, i):
+        return os.path.join(self.root, self.paths[self.offsets[i]:self.offsets[i + 1]].tobytes().decode())
+
+    def __getitem__(self, item):
+        i, seed = item if isinstance(item, tuple) else (item, 0)
+        try:
+            image = read_image(self.path(i))
+        except Exception as e:
+            raise UserError(f"cannot read image {self.path(i)}: {str(e).strip().splitlines()[-1]}") from None
+        rng, state = torch.default_generator, torch.default_generator.get_state()  # (torch.manual_seed is slow)
+        rng.manual_seed((seed * 2**32 + i) % 2**63)
+        image = self.transform(image)
+        rng.set_state(state)
+        return image, int(self.targets[i])
+
+
+def transforms(size, augment):
+    """torchvision's ImageNet recipe on uint8 tensors: for training RandomResizedCrop (scale 0.08-1) and
+    a horizontal flip; for evaluation the shorter side resized to size x 256/224 and a centre crop."""
+    normalize = [T.ToDtype(torch.float32, scale=True), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
+    val = T.Compose([T.Resize(int(size * 256 / 224), antialias=True), T.CenterCrop(size), *normalize])
+    return T.Compose([T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip(), *normalize]) \
+        if augment else val, val
+
+
+class FakeData(torch.utils.data.Dataset):
+    """--dummy: random images made in memory, for timing without a disk."""
+
+    def __init__(self, n, size, num_classes):
+        self.n, self.size, self.num_classes = n, size, num_classes
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, item):
+        i = item[0] if isinstance(item, tuple) else item
+        return torch.randn(3, self.size, self.size, generator=torch.Generator().manual_seed(i)), i % self.num_classes
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """This process's share of an epoch, as (index, seed) pairs. All processes shuffle alike, and process r of
+    W takes every W-th sample from the r-th: the W shards of step s make global batch s, as one process has it.
+    `start` skips what a run stopped mid-epoch trained: resumed with any processes or batch, none is trained twice."""
+
+    def __init__(self, n, rank, world_size, batch, seed):
+        self.n, self.rank, self.world_size, self.batch, self.seed = n, rank, world_size, batch, seed
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch, start=0):
+        self.epoch, self.start = epoch, start
+
+    def __len__(self):
+        return max(0, self.n - self.start) // (self.batch * self.world_size) * self.batch
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        mine = order[self.start:self.start + len(self) * self.world_size][self.rank::self.world_size]
+        seed = self.seed + 100_003 * self.epoch  # augmentations: new each epoch, alike for any process count
+        return ((i, seed) for i in mine.tolist())
+
+
+def build_loaders(train_set, val_set, args, rank, world_size, device):
+    per_process = args.batch_size // world_size
+    train_sampler = EpochSampler(len(train_set), rank, world_size, per_process, args.seed)
+    # validation: process r takes images r, r+W, r+2W, ...: each counted once (DistributedSampler pads)
+    val_indices = range(rank, len(val_set), world_size)
+    # loader workers persist across epochs, forked where the OS can (spawned, each would import torch again)
+    method = args.loader_start_method or ("fork" if "fork" in torch.multiprocessing.get_all_start_methods() else None)
+    common = dict(batch_size=per_process, num_workers=args.workers, pin_memory=device.type == "cuda",
+                  multiprocessing_context=method if args.workers > 0 else None, persistent_workers=args.workers > 0)
+    return (torch.utils.data.DataLoader(train_set, sampler=train_sampler, **common), train_sampler,
+            torch.utils.data.DataLoader(val_set, sampler=val_indices, **common))
+
+
+######## Appendix: hardening. Error translation, input checks, signals, precision probing, pixel bound ########
+
+def run(worker, *worker_args):
+    """Runs the worker; bad input and lost peers end in one line on stderr and a non-zero exit."""
+    try:
+        return worker(*worker_args)
+    except UserError as e:  # raised in a loader worker, it comes back inside a traceback: keep the message
+        message, status = str(e).strip().splitlines()[-1].split("UserError: ", 1)[-1], 2
+    except dist.DistError as e:  # a peer that never came, or a port in use
+        message, status = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}", 1
+    except RuntimeError as e:  # gloo reports a peer that died or went silent as a plain RuntimeError
+        text = str(e)  # "[/src/gloo/transport/tcp/pair.cc:545] Read error ...: Connection reset by peer. This is..."
+        if "/gloo/" not in text and "caused pair closure" not in text:  # the latter: a timeout elsewhere
+            raise
+        what = "no answer from another process within --dist-timeout" if re.search(r"timed? ?out", text, re.I) \
+            else "lost another process"
+        line = re.sub(r"\[[^\]]*/gloo/[^\]]*\] ", "", text.strip().splitlines()[0]).split(" This is typically")[0]
+        message, status = f"{what} (gloo): {line}", 1
+    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+def report_once(rank):
+    """All processes found it: rank 0 says so, the others leave after a pause in which rank 0 has said it."""
+    if rank != 0:
+        time.sleep(2)
+        sys.exit(2)
+
+
+def check_args(args, world_size):
+    """Checks that every process can make alike, before any process group exists."""
+    resolve_defaults(args, world_size)
+    flags = {"workers": "-j/--workers", "batch_size": "-b/--batch-size", "print_freq": "-p/--print-freq"}
+    for name, low in dict(image_size=1, workers=0, batch_size=1, epochs=0, start_epoch=0, lr_step=1, print_freq=1,
+                          threads=0, lr=0, momentum=0, weight_decay=0, dist_timeout=1).items():
+        if getattr(args, name) < low:
+            raise UserError(f"{flags.get(name, '--' + name.replace('_', '-'))} must be at least {low}, not "
+                            f"{getattr(args, name)}")
+    if args.batch_size < world_size:
+        raise UserError(f"--batch-size {args.batch_size} is smaller than the world size {world_size}: "
+                        "every process needs at least one sample per step")
+    if args.arch not in models.list_models(module=models):
+        raise UserError(f"unknown --arch {args.arch!r}; see torchvision.models.list_models()")
+    args.dist_backend = args.dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if args.dist_backend == "nccl" and not torch.cuda.is_available():
+        raise UserError("--dist-backend nccl needs CUDA GPUs; use gloo on CPU")
+    if args.fp64 and args.amp in ("bf16", "fp16"):
+        raise UserError(f"--fp64 and --amp {args.amp} contradict each other: choose one precision")
+    if args.sync_bn and not torch.cuda.is_available():
+        raise UserError("--sync-bn needs CUDA (PyTorch's SyncBatchNorm is GPU-only); use --norm group on CPU")
+    if args.resume and not os.path.isfile(args.resume):
+        raise UserError(f"--resume: no checkpoint at {args.resume}")
+    if not args.dummy:
+        check_data(args.data)
+    args.output_dir = args.output_dir or os.path.join("output", os.path.splitext(SCRIPT)[0])
+    probe = os.path.join(args.output_dir, f".write-test-{socket.gethostname()}-{os.getpid()}")
+    try:  # a folder that cannot hold checkpoints fails now, not after the first epoch
+        os.makedirs(args.output_dir, exist_ok=True)
+        open(probe, "wb").close()
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"output folder {args.output_dir} cannot be written: {e.strerror or e}") from None
+
+
+def check_data(root):
+    if not os.path.isdir(root):
+        hint = " (create it with: python tools/make_demo_data.py)" if root == "data/demo" else ""
+        raise UserError(f"data folder {root} does not exist{hint}")
+    classes = {}
+    for split in ("train", "val"):
+        folder = os.path.join(root, split)
+        if not os.path.isdir(folder):
+            raise UserError(f"{folder} is missing: --data needs train/ and val/ folders of class folders")
+        classes[split] = {d.name for d in os.scandir(folder) if d.is_dir()}  # none: "has no images" follows
+    if classes["train"] != classes["val"]:
+        raise UserError(f"train/ and val/ in {root} have different classes: only in train: "
+                        f"{sorted(classes['train'] - classes['val'])[:5]}, only in val: "
+                        f"{sorted(classes['val'] - classes['train'])[:5]}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+STOP = []  # non-empty once this process got SIGUSR1: all processes stop at the next print step
+
+
+def start_workers(loader):
+    """iter(loader), with SIGUSR1 blocked while its workers start, so that they keep it blocked: Slurm
+    signals every process of a job step, and a loader worker would die of it, failing the run."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    batches = iter(loader)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+    return batches
 
 
 def choose_precision(args, device):
-    """Returns (amp, channels_last, why): the autocast precision ('off', 'bf16' or 'fp16'), the
-    memory format, and the reason, printed on the run's first line. 'auto' picks what the hardware
-    runs natively, so mixed precision is never slower than fp32."""
+    """(amp, channels_last, why): autocast's precision ('off', 'bf16' or 'fp16'), the memory format, and why.
+    'auto' picks what the hardware runs natively, so that mixed precision is never slower than fp32."""
     if device.type == "cuda":
         native = {"bf16": torch.cuda.is_bf16_supported(including_emulation=False), "fp16": True}
-        name = f"{torch.cuda.get_device_name(device)}, compute capability {'.'.join(map(str, torch.cuda.get_device_capability(device)))}"
+        name = "%s, compute capability %d.%d" % (torch.cuda.get_device_name(device),
+                                                  *torch.cuda.get_device_capability(device))
         auto = ("bf16", "the GPU runs bf16 natively: no GradScaler") if native["bf16"] else \
             ("fp16", "no native bf16 on this GPU: fp16 with GradScaler")
     else:
@@ -597,348 +717,48 @@ def choose_precision(args, device):
         native = {"bf16": bf16, "fp16": False}
         auto = ("bf16", f"this CPU runs bf16 natively: {name}") if bf16 else \
             ("off", f"this CPU has no native bf16: {name}")
-    if args.fp64:
-        amp, why = "off", "--fp64"
-    elif args.amp == "auto":
-        amp, why = auto
-    else:
-        amp, why = args.amp, f"--amp {args.amp}"
+    amp, why = ("off", "--fp64") if args.fp64 else auto if args.amp == "auto" else (args.amp, f"--amp {args.amp}")
     if amp != "off" and not native[amp]:
-        why += (f"; warning: {name} has no native {amp}, which is emulated there and runs much slower than fp32 "
-                "(often 10x)")
-    channels_last = args.channels_last if args.channels_last is not None else amp != "off"
-    return amp, channels_last, why
+        why += f"; warning: {name} has no native {amp}, which is emulated there and runs much slower than fp32 " \
+            "(often 10x)"
+    return amp, args.channels_last if args.channels_last is not None else amp != "off", why
 
 
-def atomic_write(path, write):
-    """Write to a temporary file in the same folder, fsync, then rename over `path`: a
-    crash leaves the old file or the new one, never half of one. A writer killed mid-write
-    (SIGKILL, out of memory) leaves its temporary file, removed by the next write on its host."""
-    folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
-    prefix = f"{os.path.basename(path)}.tmp-{socket.gethostname()}-"  # a shared folder may serve several hosts
-    tmp = os.path.join(folder, f"{prefix}{os.getpid()}")
+def cpu_bf16_support():
+    """(native, name): whether this CPU runs bf16 natively (AVX512_BF16 or AMX; elsewhere it is emulated, ~10x
+    slower than fp32), and its capability's name. ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA can hide it."""
+    flags = set()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        flags = set(next((line for line in f if line.startswith("flags")), "").split())
+    aten = torch.backends.cpu.get_cpu_capability()  # what ATen's kernels use: DEFAULT, AVX2, AVX512, ...
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    if isa.startswith(("SSE", "AVX2", "AVX_")) or isa in ("AVX", "AVX512_CORE", "AVX512_CORE_VNNI"):
+        return False, f"{aten}, oneDNN limited to {isa}"
+    native = aten == "AVX512" and ("AMX" if "amx_bf16" in flags else "AVX512_BF16" if "avx512_bf16" in flags else None)
+    return (True, native) if native else (False, aten if aten != "AVX512" else "AVX512 without AVX512_BF16")
+
+
+MAX_PIXELS = 89_478_485  # PIL's decompression-bomb limit: one such image is 0.27 GB in RGB, per loader worker
+
+
+def read_image(path):
+    """RGB uint8 tensor (3, H, W), decoded by torchvision (faster than PIL), or by PIL for what it cannot read.
+    A PNG or JPEG over MAX_PIXELS is refused from its header, before decoding; PIL checks the other formats."""
+    data = torchvision.io.read_file(path)
+    b, size, i = data.numpy().tobytes(), (0, 0), 2
+    if b.startswith(b"\x89PNG\r\n\x1a\n"):
+        size = struct.unpack(">II", b[16:24])
+    while b.startswith(b"\xff\xd8") and i + 9 <= len(b) and b[i] == 0xFF:  # JPEG: segments up to a frame's
+        if 0xC0 <= b[i + 1] <= 0xCF and b[i + 1] not in (0xC4, 0xC8, 0xCC):
+            size = struct.unpack(">HH", b[i + 5:i + 9])[::-1]
+            break
+        i += 1 if b[i + 1] == 0xFF else 2 + struct.unpack(">H", b[i + 2:i + 4])[0]  # a fill byte, or a segment
+    if size[0] * size[1] > MAX_PIXELS:
+        raise UserError(f"{size[0]}x{size[1]} is over the limit of {MAX_PIXELS} pixels (MAX_PIXELS in {SCRIPT})")
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    for name in os.listdir(folder):
-        pid = name[len(prefix):]
-        if name.startswith(prefix) and pid.isdigit() and not pid_alive(int(pid)):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(folder, name))
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def save_checkpoint(state, is_best, output_dir):
-    """A full disk (or any write error) ends the run with one line; the previous files stay whole."""
-    data = io.BytesIO()  # serialized in memory first: torch.save into a file turns ENOSPC into an opaque error
-    torch.save(state, data)
-    for name in ("checkpoint.pth.tar", "model_best.pth.tar") if is_best else ("checkpoint.pth.tar",):
-        path = os.path.join(output_dir, name)
-        try:
-            atomic_write(path, lambda f: f.write(data.getbuffer()))
-        except OSError as e:
-            kept = "the previous one is kept" if os.path.exists(path) else "there is none"
-            raise UserError(f"cannot write {path}: {e.strerror or e} ({kept})") from None
-
-
-def checkpoint_classes(weights):
-    """Class count of a classifier's weights: the out features of its last layer."""
-    return next((v.shape[0] for k, v in reversed(weights.items()) if k.endswith("weight") and v.dim() >= 2), None)
-
-
-def load_checkpoint(path, model, optimizer, scaler, args, num_classes):
-    """Loads this project's checkpoints, whichever --amp and backend wrote them, and those of
-    pytorch/examples' ImageNet script (state_dict, optimizer, epoch, arch, best_acc1; DataParallel and
-    DDP prefix the weights' names with "module.")."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)  # a checkpoint cannot run code
-    except Exception as e:
-        raise UserError(f"cannot load checkpoint {path}: {str(e).splitlines()[0]}") from None
-    weights = ckpt.get("model", ckpt.get("state_dict")) if isinstance(ckpt, dict) else None
-    if not isinstance(weights, dict) or "epoch" not in ckpt:
-        raise UserError(f"checkpoint {path} has no model weights and epoch: not a training checkpoint")
-    weights = {".".join(n for n in k.split(".") if n != "module"): v for k, v in weights.items()}
-    classes = ckpt.get("num_classes") or checkpoint_classes(weights)
-    if ckpt.get("arch") != args.arch or classes != num_classes:
-        raise UserError(f"checkpoint {path} is for {ckpt.get('arch')} with {classes} classes, "
-                        f"not --arch {args.arch} with {num_classes}")
-    try:
-        model.load_state_dict(weights)
-        optimizer.load_state_dict(ckpt["optimizer"])
-    except (KeyError, ValueError, RuntimeError) as e:
-        raise UserError(f"checkpoint {path} does not fit the model: {str(e).strip().splitlines()[0]}") from None
-    if ckpt.get("scaler"):  # empty when written without fp16 (a disabled GradScaler): the fresh one starts
-        scaler.load_state_dict(ckpt["scaler"])
-    return ckpt["epoch"], float(ckpt.get("best_acc1", 0.0)), ckpt.get("step", 0)
-
-
-def report_once(rank):
-    """Every rank found the same problem: rank 0 reports it, the others leave quietly, after a pause
-    so that a launcher that stops the job at the first exit does not stop rank 0 before it has said why."""
-    if rank != 0:
-        time.sleep(2)
-        sys.exit(2)
-
-
-def log_metrics(args, row):
-    path = os.path.join(args.output_dir, "metrics.jsonl")
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    except OSError as e:
-        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
-
-
-def main_worker(local_rank, rank, world_size, args):
-    try:
-        check_args(args, world_size)
-    except UserError:
-        report_once(rank)
-        raise
-    if (rank == 0 and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
-            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"):
-        print(f"{SCRIPT}: warning: with torchrun --max-restarts, set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for "
-              "torchrun: its shared store keeps the addresses of the processes before a restart, which the "
-              "restarted ones may try to reach", file=sys.stderr, flush=True)
-    signal.signal(signal.SIGUSR1, request_stop)
-    device = init_distributed(args, local_rank, rank, world_size)
-    try:
-        train_and_evaluate(args, device, local_rank, rank, world_size)
-    finally:
-        shutdown()
-
-
-def train_and_evaluate(args, device, local_rank, rank, world_size):
-    args.amp, args.channels_last, why = choose_precision(args, device)
-    amp = args.amp
-    seed_all(args.seed + rank)  # ranks draw different augmentations, reproducibly
-    if args.deterministic:  # cuBLAS needs a fixed workspace; some CUDA backward kernels (adaptive average
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # pooling) have no deterministic version:
-        torch.use_deterministic_algorithms(True, warn_only=True)  # they warn instead of stopping the run
-    torch.backends.cudnn.benchmark = not args.deterministic
-    os.makedirs(args.output_dir, exist_ok=True)
-    train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
-    train_loader, train_sampler, val_loader = build_loaders(train_set, val_set, args, rank, world_size, device)
-    if len(train_loader) == 0 and not args.evaluate:  # no full batch per process: nothing to train on
-        report_once(rank)
-        raise UserError(f"the {len(train_set)} training images make no full batch of {args.batch_size}: "
-                        "lower --batch-size")
-
-    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
-    dtype = torch.float64 if args.fp64 else torch.float32
-    torch.manual_seed(args.seed)  # same initial weights in every process, as one process would have
-    model = create_model(args, num_classes)
-    if args.sync_bn:
-        model = sync_batchnorm(model)
-    model.to(device, dtype, memory_format=memory_format)
-    fused = device.type == "cuda" or None  # one kernel for all parameters; GradScaler then checks infs without a sync
-    optimizer = torch.optim.SGD(model.parameters(), args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
-                                fused=fused)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
-    start_epoch, best_acc1, start_step = args.start_epoch, 0.0, 0
-    resume = args.resume
-    if args.auto_resume and os.path.isfile(os.path.join(args.output_dir, "checkpoint.pth.tar")):
-        resume = os.path.join(args.output_dir, "checkpoint.pth.tar")
-    if resume:
-        start_epoch, best_acc1, start_step = load_checkpoint(resume, model, optimizer, scaler, args, num_classes)
-        for group in optimizer.param_groups:  # the checkpoint's setting came from the device that saved it
-            group["fused"] = fused
-    bare_model = model
-    if args.compile:  # the inner model, before the backend wraps it (PyTorch's advice for DDP); validation
-        model = torch.compile(model)  # and checkpoints use the bare model: eval mode would compile again
-    model, optimizer = distribute(model, optimizer, args, device)
-    eval_model = model if isinstance(model, nn.DataParallel) else bare_model  # DDP's forward would sync buffers
-    if rank == 0:
-        opt = type(optimizer)
-        fused_note = " (fused)" if optimizer.defaults.get("fused") else ""
-        print(f"{SCRIPT}: amp: {amp if amp != 'off' else 'fp64' if args.fp64 else 'fp32'} ({why}), "
-              f"channels_last {'on' if args.channels_last else 'off'}, optimizer {opt.__module__}.{opt.__name__}{fused_note}; "
-              f"batch {args.batch_size // world_size} per process, {args.epochs} epochs, lr {args.lr:g} "
-              f"(/10 every {args.lr_step} epochs), weight decay {args.weight_decay:g}, {args.workers} loader "
-              f"workers per process ({'demo settings' if args.demo else 'ImageNet recipe'})", flush=True)
-        print(f"{SCRIPT}: {world_size} process(es), backend {args.dist_backend}, device {device.type}, "
-              f"{args.arch}, batch {args.batch_size} ({args.batch_size // world_size} per process), "
-              f"precision {amp if amp != 'off' else 'fp64' if args.fp64 else 'fp32'}, optimizer {opt.__module__}.{opt.__name__}, "
-              f"{torch.get_num_threads()} thread(s), start epoch {start_epoch}"
-              f"{f' step {start_step}' if start_step else ''}", flush=True)
-    if note:
-        print(note, flush=True)
-    ctx = dict(args=args, device=device, amp=amp, dtype=dtype, memory_format=memory_format, rank=rank,
-               world_size=world_size)
-
-    if args.evaluate:
-        val = validate(val_loader, eval_model, ctx)
-        if rank == 0:
-            log_metrics(args, dict(script=SCRIPT, world_size=world_size, epoch=start_epoch, **val))
-        return
-    for epoch in range(start_epoch, args.epochs):
-        train_sampler.set_epoch(epoch)
-        seed_all(epoch_seed(args, rank, epoch))
-        lr = args.lr * 0.1 ** (epoch // args.lr_step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        train_sampler.skip = (start_step if epoch == start_epoch else 0) * (args.batch_size // world_size)
-        train_stats, stop_step = train(train_loader, model, optimizer, scaler, epoch, ctx)
-        if train_stats is None:  # all processes stop after the same step: save it, to resume from the next
-            if rank == 0:
-                save_checkpoint(dict(epoch=epoch, step=stop_step, arch=args.arch, num_classes=num_classes,
-                                     model=bare_model.state_dict(), optimizer=optimizer.state_dict(),
-                                     scaler=scaler.state_dict(), best_acc1=best_acc1), False, args.output_dir)
-                print(f"{SCRIPT}: stopped on SIGUSR1 after step {stop_step} of epoch {epoch}: checkpoint saved; "
-                      "--auto-resume continues from there", flush=True)
-            return
-        average_buffers(bare_model, world_size)
-        val = validate(val_loader, eval_model, ctx)
-        is_best = val["val_acc1"] > best_acc1
-        best_acc1 = max(val["val_acc1"], best_acc1)
-        if rank == 0:
-            save_checkpoint(dict(epoch=epoch + 1, arch=args.arch, num_classes=num_classes,
-                                 model=bare_model.state_dict(), optimizer=optimizer.state_dict(),
-                                 scaler=scaler.state_dict(), best_acc1=best_acc1), is_best, args.output_dir)
-            log_metrics(args, dict(script=SCRIPT, world_size=world_size, epoch=epoch, lr=lr, amp=amp,
-                                   arch=args.arch, batch_size=args.batch_size, device=device.type,
-                                   threads=torch.get_num_threads(), **train_stats, **val))
-        if stop_step:  # asked to stop in the epoch's last step: the epoch's checkpoint is saved
-            return
-
-
-def average_buffers(model, world_size):
-    """BatchNorm's running statistics differ between processes, each having seen its own
-    shards: average them before evaluating, so that every process evaluates, and rank 0
-    saves, one and the same model (one all_reduce per epoch)."""
-    buffers = [b for b in model.buffers() if b.is_floating_point()]
-    if world_size == 1 or not buffers:
-        return
-    flat = all_reduce_sum(torch.cat([b.detach().double().reshape(-1) for b in buffers])) / world_size
-    for b, value in zip(buffers, flat.split([b.numel() for b in buffers])):
-        b.copy_(value.view_as(b))
-
-
-def main_and_aux_outputs(output):
-    """inception_v3 and googlenet return (logits, auxiliary logits...) in training: the auxiliary
-    classifiers' losses are added with torchvision's reference weights (0.4 for inception_v3's one,
-    0.3 for each of googlenet's two)."""
-    if not isinstance(output, tuple):
-        return output, []
-    main, *aux = [o for o in output if o is not None]
-    return main, [(0.4 if len(aux) == 1 else 0.3, a) for a in aux]
-
-
-def accuracy_counts(output, target, ks=(1, 5)):
-    """Number of samples whose target is among the top-k outputs, for each k."""
-    top = output.topk(min(max(ks), output.shape[1]), dim=1).indices
-    hits = top == target[:, None]
-    return [hits[:, :k].any(dim=1).sum() for k in ks]
-
-
-def train(loader, model, optimizer, scaler, epoch, ctx):
-    args, device, rank = ctx["args"], ctx["device"], ctx["rank"]
-    model.train()
-    # running sums stay on the device: reading them (.item) would sync the host every step
-    # loss * n, top-1 hits, n, and the number of processes asked to stop, reduced on print steps
-    sums = torch.zeros(4, dtype=torch.float64, device=device)
-    skip = loader.sampler.skip // loader.batch_size  # steps done before a stop, when resuming mid-epoch
-    steps = skip + len(loader)
-    warmup = min(2, len(loader) - 1)  # steps left out of the throughput (allocator and cudnn warm-up)
-    data_time, t_start, t_warm = 0.0, time.perf_counter(), None
-    t_fetch = time.perf_counter()
-    for i, (images, target) in enumerate(prefetch(start_workers(loader), device), start=skip):
-        data_time += time.perf_counter() - t_fetch
-        if i - skip == warmup:
-            t_warm, warm_images = time.perf_counter(), (i - skip) * args.batch_size // ctx["world_size"]
-        images = images.to(device, ctx["dtype"], non_blocking=True, memory_format=ctx["memory_format"])
-        target = target.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.float16 if ctx["amp"] == "fp16" else torch.bfloat16,
-                            enabled=ctx["amp"] != "off"):
-            output, aux = main_and_aux_outputs(model(images))
-            loss = F.cross_entropy(output, target) + sum(w * F.cross_entropy(a, target) for w, a in aux)
-        optimizer.zero_grad()  # sets the gradients to None (torch >= 2.0): no memset
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        n = target.shape[0]  # in-place adds of Python numbers: no host-to-device copy, so no wait
-        sums[0] += loss.detach().double() * n
-        sums[1] += accuracy_counts(output.detach(), target, (1,))[0]
-        sums[2] += n
-        if i % args.print_freq == 0 or i == steps - 1:
-            if STOP:  # the signal reaches the processes at different steps: the flag rides along in
-                sums[3] = 1  # this reduction, and all stop after the first print step that sees it
-            total = all_reduce_sum(sums.clone()).tolist()
-            if rank == 0:
-                print(f"Epoch [{epoch}][{i + 1}/{steps}] loss {total[0] / total[2]:.4f} "
-                      f"acc@1 {100 * total[1] / total[2]:.2f} "
-                      f"{(time.perf_counter() - t_start) / (i + 1 - skip):.3f} s/step", flush=True)
-            if total[3] > 0 and i < steps - 1:
-                return None, i + 1
-        t_fetch = time.perf_counter()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - t_start
-    total = all_reduce_sum(sums.clone()).tolist()
-    timed = elapsed if t_warm is None else time.perf_counter() - t_warm
-    timed_images = total[2] - (0 if t_warm is None else warm_images * ctx["world_size"])
-    # the warm-up steps hold the compilation: their time beyond that of as many ordinary steps
-    warm_s = 0.0 if t_warm is None else t_warm - t_start
-    compile_s = max(0.0, warm_s - warmup * timed / max(len(loader) - warmup, 1)) if args.compile else None
-    if args.compile and rank == 0:
-        print(f"compile: {compile_s:.1f} s in the first {warmup} step(s), left out of images/s", flush=True)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    if device.type == "cuda":
-        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
-    return dict(train_loss=total[0] / total[2], train_acc1=100 * total[1] / total[2],
-                train_images_per_s=timed_images / timed, epoch_time_s=elapsed,
-                data_wait_frac=data_time / elapsed, peak_memory_mb=peak_mb, warmup_s=warm_s,
-                compile_s=compile_s), steps if total[3] > 0 else 0
-
-
-@torch.no_grad()
-def validate(loader, model, ctx):
-    """Exact evaluation: sums of loss, top-1 and top-5 hits and image count are added over
-    all processes in one all_reduce, so the result does not depend on the process count."""
-    device = ctx["device"]
-    model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, top-1, top-5, n
-    for images, target in start_workers(loader):
-        images = images.to(device, ctx["dtype"], non_blocking=True, memory_format=ctx["memory_format"])
-        target = target.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.float16 if ctx["amp"] == "fp16" else torch.bfloat16,
-                            enabled=ctx["amp"] != "off"):
-            output = model(images)
-        loss = F.cross_entropy(output.float(), target, reduction="sum")
-        top1, top5 = accuracy_counts(output, target)
-        sums[0] += loss.double()
-        sums[1] += top1
-        sums[2] += top5
-        sums[3] += target.shape[0]
-    loss_sum, top1, top5, n = all_reduce_sum(sums).tolist()
-    n_int = int(round(n))
-    result = dict(val_loss=loss_sum / max(n, 1), val_acc1=100 * top1 / max(n, 1), val_acc5=100 * top5 / max(n, 1),
-                  val_images=n_int)
-    if ctx["rank"] == 0:
-        print(f" * Acc@1 {result['val_acc1']:.3f} Acc@5 {result['val_acc5']:.3f} "
-              f"loss {result['val_loss']:.4f} ({n_int} images)", flush=True)
-    return result
+        return torchvision.io.decode_image(data, mode=torchvision.io.ImageReadMode.RGB)
+    except RuntimeError:
+        return TF.pil_to_tensor(default_loader(path))
 # ---- end shared: training ----
 
 

@@ -165,42 +165,6 @@ def test_pytorch_examples_checkpoint_loads_with_its_class_count_from_the_weights
     assert row["val_loss"] > 500  # the others' loss is ~1000: the checkpoint's weights, not fresh ones
 
 
-# ---- 9. apex_distributed.py: Apex without its CUDA extensions ----
-
-@pytest.fixture
-def fake_apex(tmp_path, monkeypatch):
-    """A fake `apex` package whose FusedSGD imports but cannot be built, as with Apex installed
-    without its CUDA extensions (mock)."""
-    pkg = tmp_path / "fake" / "apex" / "optimizers"
-    os.makedirs(pkg)
-    (pkg.parent / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text(
-        "class FusedSGD:\n"
-        "    def __init__(self, *args, **kwargs):\n"
-        "        raise RuntimeError('apex.optimizers.FusedSGD requires cuda extensions')\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "fake"))
-    for name in [m for m in sys.modules if m == "apex" or m.startswith("apex.")]:
-        monkeypatch.delitem(sys.modules, name)
-    return tmp_path / "fake"
-
-
-def test_apex_without_cuda_extensions_falls_back_to_torch_fused_sgd(fake_apex, monkeypatch, capsys):
-    apex_script = load("apex_distributed.py")
-    assert apex_script.FusedSGD is not None  # the fake imports, as a CUDA-less Apex does
-    # mock CUDA: DDP (needs a process group and a GPU) passes the model through; this process is rank 0
-    monkeypatch.setattr(nn.parallel, "DistributedDataParallel", lambda model, device_ids: model)
-    monkeypatch.setattr(apex_script.dist, "get_rank", lambda: 0)
-    model = torchvision.models.resnet18(num_classes=7)
-    optimizer = torch.optim.SGD(model.parameters(), 0.1, momentum=0.9)
-    args = parse(apex_script)
-    args.lr, args.momentum, args.weight_decay = 0.1, 0.9, 1e-4
-    _, chosen = apex_script.distribute(model, optimizer, args, torch.device("cuda", 0))
-    assert chosen is optimizer
-    err = capsys.readouterr().err
-    assert "Apex's FusedSGD is unusable (apex.optimizers.FusedSGD requires cuda extensions): using " \
-           "torch.optim.SGD(fused=True)" in err, err
-
-
 # ---- 10. horovod_distributed.py --sync-bn: Horovod's SyncBatchNorm ----
 
 def test_horovod_sync_bn_uses_horovods_sync_batch_norm():
@@ -252,14 +216,21 @@ def test_googlenet_with_auxiliary_outputs_trains(tiny_data, tmp_path):
 
 def test_auxiliary_outputs_of_inception_v3_and_googlenet_are_weighted_as_torchvision_does(ddp):
     """inception_v3 needs 299 px images for its auxiliary classifier, too slow for a run here: its
-    output type (what it returns in training) goes through the loop's function instead."""
+    output type (what it returns in training) goes through the loop's forward() instead."""
     from torchvision.models import GoogLeNetOutputs, InceptionOutputs
-    main, aux1, aux2 = torch.zeros(2, 7), torch.ones(2, 7), torch.full((2, 7), 2.0)
-    out, aux = ddp.main_and_aux_outputs(InceptionOutputs(main, aux1))
-    assert out is main and aux == [(0.4, aux1)]
-    out, aux = ddp.main_and_aux_outputs(GoogLeNetOutputs(main, aux2, aux1))
-    assert out is main and aux == [(0.3, aux2), (0.3, aux1)]
-    assert ddp.main_and_aux_outputs(main) == (main, [])
+    torch.manual_seed(0)
+    main, aux1, aux2 = torch.randn(4, 7), torch.randn(4, 7), torch.randn(4, 7)
+    target = torch.tensor([0, 1, 2, 3])
+    args = parse(ddp, "--amp", "off")
+    args.channels_last = False
+    ce = torch.nn.functional.cross_entropy
+    for outputs, expected in [(InceptionOutputs(main, aux1), ce(main, target) + 0.4 * ce(aux1, target)),
+                              (GoogLeNetOutputs(main, aux2, aux1), ce(main, target) + 0.3 * (ce(aux2, target) + ce(aux1, target))),
+                              (main, ce(main, target))]:
+        loss, top1, top5, n = ddp.forward(lambda images: outputs, torch.zeros(4, 3, 2, 2), target, args,
+                                          torch.device("cpu"))
+        assert torch.allclose(loss, expected) and n == 4
+        assert top1 == (main.argmax(1) == target).sum() and top5 == (main.topk(5).indices == target[:, None]).any(1).sum()
 
 
 def test_epoch_without_a_full_batch_is_one_line(tiny_data, tmp_path):

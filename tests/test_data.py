@@ -1,7 +1,8 @@
 """The data path at ImageNet scale: the sample list's memory in the training process and in
-its forked loader workers, and the image-list cache shared by every job on the same data.
+its forked loader workers, and the image index (tools/index_images.py) that every job on the same
+data reads instead of listing the folders.
 
-These import distributed.py as a module and drive its data functions directly.
+These import distributed.py and the tool as modules and drive their data functions directly.
 """
 import multiprocessing
 import os
@@ -15,7 +16,9 @@ import torch
 from conftest import PY, ROOT, run
 
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
 import distributed  # noqa: E402
+import index_images  # noqa: E402
 
 IMAGENET_TRAIN = 1_281_167
 
@@ -67,9 +70,9 @@ def test_a_million_image_list_stays_small_in_the_process_and_its_loader_workers(
     assert images.path(10026) == f"/data/imagenet/train/{c}/{c}_10026.JPEG"
     assert int(samples["targets"][-1]) == 999
 
-    # the cache file: what a training process loads at start (tracemalloc sees numpy's buffers)
+    # the index file: what a training process loads at start (tracemalloc sees numpy's buffers)
     name = "index-train-0.npz"
-    distributed.atomic_write(str(tmp_path / name), lambda f: np.savez(f, key=np.asarray("k"), **samples))
+    index_images.write_index(str(tmp_path / name), samples)
     import tracemalloc
     tracemalloc.start()
     with np.load(tmp_path / name) as z:
@@ -110,7 +113,6 @@ def test_build_loaders_keeps_workers_across_epochs(tiny_data, tmp_path):
     args = distributed.build_parser().parse_args(["--data", tiny_data, "--image-size", "32", "-j", "1", "-b", "8",
                                                   "--output-dir", str(tmp_path)])
     distributed.check_args(args, 1)
-    distributed.barrier = lambda: None
     train_set, val_set, _, _ = distributed.build_datasets(args, local_rank=0, rank=0)
     loader, sampler, _ = distributed.build_loaders(train_set, val_set, args, 0, 1, torch.device("cpu"))
     batches = []
@@ -130,37 +132,43 @@ def copy_data(tiny_data, dest):
     return str(dest)
 
 
-def test_image_list_cache_beside_the_data_is_reused_and_never_stale(tiny_data, tmp_path, monkeypatch):
+def test_index_beside_the_data_is_read_and_never_stale(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     data = copy_data(tiny_data, tmp_path / "d")
     train = os.path.join(data, "train")
     listed, where = distributed.list_images(train)
     assert where is None and len(listed["targets"]) == 48
-    assert len(os.listdir(os.path.join(data, ".image-lists"))) == 1
+    assert not os.path.exists(os.path.join(data, ".image-lists"))  # a training process writes no index
+    path, _ = index_images.index(train)
+    assert os.listdir(os.path.join(data, ".image-lists")) == [os.path.basename(path)]
     again, where = distributed.list_images(train)
     assert where == os.path.join(data, ".image-lists")
     assert all(np.array_equal(again[k], listed[k]) for k in listed)
-    # a job on the same data through another path (a symlink) finds the same list
+    # a job on the same data through another path (a symlink) finds the same index
     os.symlink(data, tmp_path / "link")
     assert distributed.list_images(str(tmp_path / "link" / "train"))[1] == where
 
-    # an image added to a class folder: the old list is not used
+    # an image added to a class folder: the old index is not read, and indexing again replaces it
     first = sorted(os.listdir(os.path.join(train, "class_000")))[0]
     shutil.copyfile(os.path.join(train, "class_000", first), os.path.join(train, "class_000", "added.JPEG"))
     grown, where = distributed.list_images(train)
     assert where is None and len(grown["targets"]) == 49
     assert "class_000/added.JPEG" in ImagePaths(grown)
+    path, _ = index_images.index(train)
+    assert os.listdir(os.path.join(data, ".image-lists")) == [os.path.basename(path)]
+    assert "class_000/added.JPEG" in ImagePaths(distributed.list_images(train)[0])
     # an image removed
     os.remove(os.path.join(train, "class_000", first))
     shrunk, where = distributed.list_images(train)
     assert where is None and f"class_000/{first}" not in ImagePaths(shrunk)
 
-    # a damaged cache file is listed again, not trusted
+    # a damaged index is not trusted: the folder is listed
+    index_images.index(train)
     for name in os.listdir(os.path.join(data, ".image-lists")):
         with open(os.path.join(data, ".image-lists", name), "r+b") as f:
             f.truncate(100)
-    assert distributed.list_images(train)[1] is None
-    assert distributed.list_images(train)[1] == os.path.join(data, ".image-lists")
+    listed, where = distributed.list_images(train)
+    assert where is None and len(listed["targets"]) == 48
 
 
 def ImagePaths(samples):
@@ -168,29 +176,30 @@ def ImagePaths(samples):
     return {images.path(i) for i in range(len(images))}
 
 
-def test_image_list_cache_of_read_only_data_goes_to_the_user_cache(tiny_data, tmp_path, monkeypatch):
+def test_index_of_read_only_data_goes_to_the_user_cache(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     data = copy_data(tiny_data, tmp_path / "d")
     (tmp_path / "d" / ".image-lists").write_text("")  # a file where the folder would go: writing there fails
-    listed, where = distributed.list_images(os.path.join(data, "val"))
-    assert where is None and len(listed["targets"]) == 101
+    path, samples = index_images.index(os.path.join(data, "val"))
+    assert len(samples["targets"]) == 101
     home = str(tmp_path / "home-cache" / "pytorch-distributed")
-    assert len(os.listdir(home)) == 1
+    assert os.listdir(home) == [os.path.basename(path)]
     assert distributed.list_images(os.path.join(data, "val"))[1] == home
 
 
-def list_in_child(folder, queue):
+def index_in_child(folder, queue):
+    index_images.index(folder)
     samples, where = distributed.list_images(folder)
     queue.put((where, samples["paths"].tobytes(), samples["targets"].tolist()))
 
 
-def test_several_jobs_writing_the_image_list_at_once(tiny_data, tmp_path, monkeypatch):
-    """Six processes (jobs on several nodes, sharing the data folder) list and write at once."""
+def test_several_jobs_indexing_at_once(tiny_data, tmp_path, monkeypatch):
+    """Six processes (jobs on several nodes, sharing the data folder) index and read at once."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     data = copy_data(tiny_data, tmp_path / "d")
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=list_in_child, args=(os.path.join(data, "train"), queue)) for _ in range(6)]
+    procs = [ctx.Process(target=index_in_child, args=(os.path.join(data, "train"), queue)) for _ in range(6)]
     for p in procs:
         p.start()
     results = [queue.get(timeout=120) for _ in procs]
@@ -198,9 +207,20 @@ def test_several_jobs_writing_the_image_list_at_once(tiny_data, tmp_path, monkey
         p.join(timeout=60)
     assert [p.exitcode for p in procs] == [0] * 6
     assert len({(r[1], tuple(r[2])) for r in results}) == 1  # all six have the same list
-    assert len(os.listdir(os.path.join(data, ".image-lists"))) == 1  # one list; the last rename won
+    assert len(os.listdir(os.path.join(data, ".image-lists"))) == 1  # one index; the last rename won
     assert not any(".tmp-" in n for n in os.listdir(os.path.join(data, ".image-lists")))  # no leftovers
     assert distributed.list_images(os.path.join(data, "train"))[1] is not None  # the file left is whole
+
+
+def test_index_tool_command_line_and_the_scripts_read_what_it_made(tiny_data, tmp_path):
+    data = copy_data(tiny_data, tmp_path / "d")
+    p = run([PY, os.path.join(ROOT, "tools", "index_images.py"), data])
+    assert "48 images in 7 classes" in p.stdout and "101 images in 7 classes" in p.stdout
+    p = run([PY, os.path.join(ROOT, "distributed.py"), "--data", data, "--image-size", "32", "-j", "0", "-b", "12",
+             "--evaluate", "--output-dir", str(tmp_path / "out")])
+    assert f"read the image lists from {os.path.join(data, '.image-lists')}: 48 train, 101 val" in p.stdout
+    bad = run([PY, os.path.join(ROOT, "tools", "index_images.py"), str(tmp_path / "nowhere")], check=False)
+    assert bad.returncode == 2 and f"{tmp_path / 'nowhere'} is not a folder" in bad.stderr
 
 
 @pytest.mark.parametrize("size", [224])

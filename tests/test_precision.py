@@ -43,10 +43,10 @@ def first_lines(stdout, n=2):
 def test_auto_trains_in_fp32_on_a_cpu_without_native_bf16_and_says_why_first(tiny_data, tmp_path):
     p = run([PY, script("apex_distributed.py"), "--data", tiny_data, *TINY, "--output-dir", str(tmp_path)],
             env=env(**AVX2_ONLY))
-    first, summary = first_lines(p.stdout)
+    first = first_lines(p.stdout)[0]
     assert first.startswith("apex_distributed.py: amp: fp32 (this CPU has no native bf16: AVX2, oneDNN limited to "
                             "AVX2), channels_last off, optimizer torch.optim.sgd.SGD;"), first
-    assert "precision fp32" in summary and "optimizer torch.optim.sgd.SGD" in summary, summary
+    assert "1 process(es), backend gloo, device cpu" in first, first  # one line says it all
     assert metrics(str(tmp_path))[-1]["amp"] == "off"
 
 
@@ -139,3 +139,39 @@ def test_auto_on_gpus_picks_bf16_from_ampere_on_and_fp16_with_a_scaler_before(ap
     assert (got, channels_last) == (amp, True) and words in why, why
     explicit = apex.choose_precision(parse(apex, "--amp", "bf16"), torch.device("cuda", 0))[2]
     assert ("warning" in explicit) == (capability < (8, 0)), explicit
+
+
+# ---- fp16's GradScaler and the optimizer the scripts build for CUDA ----
+
+def test_fp16_step_that_overflows_first_leaves_the_momentum_untouched(apex):
+    """GradScaler skips a step whose gradients overflow: routine on the first steps of fp16 training,
+    while it lowers its scale. A fused SGD creates its momentum buffers uninitialized on that first
+    step and returns without writing them, so the next step read garbage. The scripts therefore
+    build SGD unfused under fp16's GradScaler; here the optimizer they build for CUDA runs on CPU,
+    which has the same fused kernel."""
+    def train(optimizer_of):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 8)
+        optimizer = optimizer_of(model)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+        x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
+        for step in range(3):
+            loss = torch.nn.functional.cross_entropy(model(x), y) * (1e36 if step == 0 else 1.0)  # step 0 overflows
+            optimizer.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        return model, optimizer
+
+    args = parse(apex, "--amp", "fp16", "--lr", "0.1")
+    scripts_model, optimizer = train(lambda m: apex.build_optimizer(m, args, torch.device("cuda")))
+    assert not optimizer.defaults.get("fused")
+    reference, _ = train(lambda m: torch.optim.SGD(m.parameters(), 0.1, momentum=0.9, weight_decay=1e-4,
+                                                   foreach=False))  # the textbook loop, parameter by parameter
+    for p, q in zip(scripts_model.parameters(), reference.parameters()):
+        assert torch.isfinite(p).all() and (p - q).abs().max() < 1e-6
+    for state in optimizer.state.values():
+        assert torch.isfinite(state["momentum_buffer"]).all() and state["momentum_buffer"].abs().max() < 10
+    # where no GradScaler runs (bf16, fp32), the fused kernel stays
+    assert apex.build_optimizer(torch.nn.Linear(2, 2), parse(apex, "--amp", "bf16"), torch.device("cuda")) \
+        .defaults["fused"] is True

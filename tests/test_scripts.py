@@ -118,6 +118,59 @@ def test_corrupt_jpeg_is_named(tiny_data, tmp_path, workers):
     assert len(error_lines(p.stderr)) == 1
 
 
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--image-size", "0", "--image-size must be at least 1, not 0"),
+    ("-j", "-1", "-j/--workers must be at least 0, not -1"),
+    ("-b", "0", "-b/--batch-size must be at least 1, not 0"),
+    ("-p", "0", "-p/--print-freq must be at least 1, not 0"),
+    ("--lr-step", "0", "--lr-step must be at least 1, not 0"),
+    ("--lr", "-0.1", "--lr must be at least 0, not -0.1"),
+])
+def test_numeric_options_are_checked_before_anything_starts(tiny_data, tmp_path, flag, value, expected):
+    p = fails_with(single("--data", tiny_data, *TINY, flag, value, "--output-dir", str(tmp_path)), expected)
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0, p.stderr
+
+
+def big_image(path, width, height):
+    """A real image file of width x height pixels that compresses to almost nothing, as a decompression
+    bomb does (one colour)."""
+    from PIL import Image
+    Image.MAX_IMAGE_PIXELS = None  # PIL's own guard would refuse to make it
+    Image.new("L", (width, height)).save(path)
+
+
+@pytest.mark.parametrize("name,size", [("huge.png", (14000, 14000)), ("huge.JPEG", (9500, 9500))])
+def test_image_over_the_pixel_limit_is_named_in_one_line_before_it_is_decoded(tiny_data, tmp_path, name, size):
+    shutil.copytree(tiny_data, tmp_path / "d")
+    bad = tmp_path / "d" / "train" / "class_000" / name
+    big_image(bad, *size)
+    assert bad.stat().st_size < 2_000_000  # 196 and 90 million pixels; decoded in RGB: 590 and 270 MB
+    p = fails_with(single("--data", str(tmp_path / "d"), *TINY, "--epochs", "2", "--output-dir", str(tmp_path / "o")),
+                   f"cannot read image {bad}: {size[0]}x{size[1]} is over the limit of 89478485 pixels")
+    assert p.returncode == 2 and len(error_lines(p.stderr)) == 1 and "Traceback" not in p.stderr
+
+
+def test_image_headers_give_the_size_pil_reads(tiny_data, tmp_path, monkeypatch):
+    """The pixel bound reads JPEG and PNG headers itself: on every image of the demo set and on PNGs and
+    JPEGs of several kinds, a limit of exactly the image's pixels passes and one pixel less refuses it
+    by its width x height, so no image is refused by mistake."""
+    from PIL import Image
+    sys.path.insert(0, ROOT)
+    import distributed
+    files = sorted(__import__("pathlib").Path(tiny_data).rglob("*.JPEG"))
+    for i, mode in enumerate(["L", "RGB", "RGBA", "P"]):
+        Image.new(mode, (31 + i, 17 + i)).save(tmp_path / f"{i}.png")
+        Image.new("L" if mode == "L" else "RGB", (33 + i, 19 + i)).save(tmp_path / f"{i}.jpg", progressive=i % 2 == 1)
+        files += [tmp_path / f"{i}.png", tmp_path / f"{i}.jpg"]
+    for f in files:
+        width, height = Image.open(f).size
+        monkeypatch.setattr(distributed, "MAX_PIXELS", width * height)
+        assert tuple(distributed.read_image(str(f)).shape) == (3, height, width)
+        monkeypatch.setattr(distributed, "MAX_PIXELS", width * height - 1)
+        with pytest.raises(distributed.UserError, match=f"^{width}x{height} is over the limit"):
+            distributed.read_image(str(f))
+
+
 def test_checkpoint_of_another_arch_is_refused(tiny_data, tmp_path):
     out = str(tmp_path / "o")
     run(single("--data", tiny_data, *TINY, "--output-dir", out))

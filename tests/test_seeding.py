@@ -21,11 +21,9 @@ def first_batch(data, out, rank, world_size, seed=0, epoch=0):
     args = distributed.build_parser().parse_args(["--data", data, "--image-size", "32", "-j", "0", "-b", "8",
                                                   "--seed", str(seed), "--output-dir", out])
     distributed.check_args(args, world_size)
-    distributed.barrier = lambda: None  # no process group here: rank0-first has nothing to wait for
     train_set, val_set, _, _ = distributed.build_datasets(args, local_rank=0, rank=rank)
     loader, sampler, _ = distributed.build_loaders(train_set, val_set, args, rank, world_size, torch.device("cpu"))
     sampler.set_epoch(epoch)
-    distributed.seed_all(distributed.epoch_seed(args, rank, epoch))
     return next(iter(loader))[0]
 
 
@@ -51,15 +49,16 @@ def test_ranks_draw_different_augmentations_reproducibly(tiny_data, tmp_path):
     assert not torch.equal(rank0, first_batch(data, out, rank=0, world_size=2, epoch=1))
 
 
-def test_rank0_first_prepares_the_data_once_per_node(tiny_data, tmp_path):
-    from conftest import TINY, launch_cmd, run
-    data = tmp_path / "data"  # a fresh copy: no job has listed it yet
+def test_processes_list_the_folders_themselves_or_read_the_index_made_beforehand(tiny_data, tmp_path):
+    from conftest import PY, ROOT, TINY, launch_cmd, run
+    data = tmp_path / "data"  # a fresh copy: no index yet
     shutil.copytree(tiny_data, data, ignore=shutil.ignore_patterns(".image-lists"))
     p = run(launch_cmd("torchrun", 3, "distributed.py") + ["--data", str(data), *TINY, "--evaluate",
                                                            "--output-dir", str(tmp_path / "run1")])
-    assert p.stdout.count("listed the images") == 1  # local rank 0 listed; ranks 1 and 2 waited, then read its cache
-    assert len(os.listdir(data / ".image-lists")) == 2  # train and val lists, beside the data
-    # another job, with its own output folder, finds the lists there
+    assert p.stdout.count("listed the images: 48 train, 101 val") == 1  # said once per node, by local rank 0
+    assert not os.path.exists(data / ".image-lists")  # training writes nothing into the data folder
+    run([PY, os.path.join(ROOT, "tools", "index_images.py"), str(data)])
+    assert len(os.listdir(data / ".image-lists")) == 2  # train and val indexes, beside the data
     p = run(launch_cmd("torchrun", 3, "distributed.py") + ["--data", str(data), *TINY, "--evaluate",
                                                            "--output-dir", str(tmp_path / "run2")])
     assert p.stdout.count("listed the images") == 0 and f"read the image lists from {data}" in p.stdout

@@ -95,16 +95,16 @@ def test_job_stopped_by_usr1_then_requeued_resumes_and_matches_an_uninterrupted_
         runs = text.split(f"job {job} on ")[1:]
         assert len(runs) == 3, text
         assert f"output output/{name}" in runs[0], runs[0]  # named after the job, not its id
-        stop = int(runs[0].split("stopped on SIGUSR1 after step ")[1].split()[0])
-        assert 0 < stop < 6, runs[0]  # mid-epoch: the tasks agreed on a step and saved it
+        stop = int(runs[0].split("stopped on SIGUSR1 after sample ")[1].split()[0])
+        assert 0 < stop < 48 and stop % 8 == 0, runs[0]  # mid-epoch: the tasks agreed on a step and saved it
         assert "train.sbatch: requeueing job" in runs[0], runs[0]
-        assert f"start epoch 0 step {stop}" in runs[1], runs[1]
-        assert "start epoch 1" in runs[2] and "step" not in runs[2].split("start epoch 1")[1].split("\n")[0], runs[2]
+        assert f"start epoch 0 at sample {stop}" in runs[1], runs[1]
+        assert "start epoch 1" in runs[2] and "sample" not in runs[2].split("start epoch 1")[1].split("\n")[0], runs[2]
         reference.join()
         diff = max_param_diff(params(out), params(ref))
         assert diff < PARAM_TOL, f"the requeued job differs from an uninterrupted run by {diff:.3g}"
         ckpt = torch.load(os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=True)
-        assert (ckpt["epoch"], ckpt.get("step", 0)) == (2, 0)
+        assert (ckpt["epoch"], ckpt["samples"]) == (2, 0)
 
         # the same script submitted again under the same name (a new job id) goes on from there
         log2 = tmp_path / "job2.log"
