@@ -353,10 +353,12 @@ def test_disk_filling_up_during_training_is_one_line_and_keeps_a_loadable_checkp
         assert torch.load(out / "checkpoint.pth.tar", weights_only=True)["epoch"] == 1
 
 
-# ---- README: what is bit-exact on GPUs ----
+# ---- the docs: what is bit-exact on GPUs ----
 
-def test_readme_says_gpu_results_are_bit_exact_only_with_deterministic():
-    text = open(os.path.join(ROOT, "README.md")).read()
-    section = text[text.index("## Reproducibility"):]
-    section = section[:section.index("\n## ", 1)]
-    assert "--deterministic" in section and "bit" in section and "GPU" in section
+def test_docs_say_gpu_results_are_bit_exact_only_with_deterministic():
+    text = open(os.path.join(ROOT, "docs", "parallel-math.md")).read()
+    section = text[text.index("## What is bit-exact"):]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
+    assert "identical only with `--deterministic`" in section and "GPU" in section
+    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in section
