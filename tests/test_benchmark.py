@@ -9,7 +9,7 @@ import sys
 import pytest
 from PIL import Image
 
-from conftest import PY, ROOT, env, run
+from conftest import BIN, PY, ROOT, env, run
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import benchmark_report  # noqa: E402
@@ -67,8 +67,50 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
     command = next(line for line in md.splitlines() if line.startswith("- command: `"))
     assert f"DATA={tiny_data} IMAGE_SIZE=32 bash start.sh -o {out} --only dataparallel,distributed,horovod" \
         in command, command
+    # and each run's command is the one a user types in the checkout: no absolute path of it or of the venv
+    commands = md[md.index("## Commands"):]
+    assert "distributed.py --data" in commands and ROOT not in commands, commands
+    if os.path.isfile(os.path.join(os.path.dirname(BIN), "pyvenv.cfg")):
+        assert BIN not in commands and ".venv/bin/" in commands, commands
     with Image.open(out / "benchmark.png") as png:
         assert png.format == "PNG" and png.width > 200
+
+
+def test_report_shows_commands_as_typed_in_the_checkout_not_with_absolute_paths(tmp_path):
+    """start.sh hands the report the commands it ran, with the absolute path of the Python it found
+    (the checkout's .venv, or a VENV anywhere) and of the output folder; the committed reports must
+    read as commands a user types."""
+    venv = tmp_path / "venvs" / "torch"  # a virtual environment outside the checkout
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    results = tmp_path / "results"
+    (results / "runs" / "distributed").mkdir(parents=True)
+    ran = {"distributed": f"{venv}/bin/torchrun --standalone --nproc_per_node=2 distributed.py --data data/demo "
+                          f"-b 32 --image-size 64 --output-dir {ROOT}/results/runs/distributed ",
+           "multiprocessing": f"{ROOT}/.venv/bin/python multiprocessing_distributed.py --nprocs 2 "
+                              f"--output-dir {ROOT}/results/runs/multiprocessing "}
+    manifest = "".join(f"{name}\t{name}\tok\t2\t1\t-\t0\t30\t{cmd}\n" for name, cmd in ran.items())
+    manifest += f"horovod\thorovodrun\tskipped\t-\t-\t-\t-\t-\thorovod: not installed — PYTHON={venv}/bin/python " \
+                "bash tools/install-horovod.sh\n"
+    (results / "runs" / "manifest.tsv").write_text(manifest)
+    for name in ran:
+        (results / "runs" / name).mkdir(exist_ok=True)
+        (results / "runs" / name / "metrics.jsonl").write_text(json.dumps(dict(
+            arch="resnet18", epoch=0, train_images_per_s=40.0, epoch_time_s=10.0, val_acc1=50.0)) + "\n")
+    run([PY, os.path.join(ROOT, "tools", "benchmark_report.py"), "--results", str(results),
+         "--command", f"RESULTS={ROOT}/results DATA={ROOT}/data/demo bash start.sh",
+         "--config", f"resnet18, 64px, {ROOT}/data/demo"], env=env(PEAK_TFLOPS="0.5"), timeout=120)
+    md = (results / "benchmark.md").read_text()
+    assert ROOT not in md and str(venv) not in md and str(tmp_path) not in md, md
+    assert "- command: `RESULTS=results DATA=data/demo bash start.sh`" in md
+    assert "- configuration: resnet18, 64px, data/demo" in md
+    assert ("- distributed: `.venv/bin/torchrun --standalone --nproc_per_node=2 distributed.py --data data/demo "
+            "-b 32 --image-size 64 --output-dir results/runs/distributed`") in md
+    assert ("- multiprocessing: `.venv/bin/python multiprocessing_distributed.py --nprocs 2 "
+            "--output-dir results/runs/multiprocessing`") in md
+    assert "PYTHON=.venv/bin/python bash tools/install-horovod.sh" in md
+    csv_text = (results / "benchmark.csv").read_text()
+    assert ROOT not in csv_text and str(venv) not in csv_text
 
 
 def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):

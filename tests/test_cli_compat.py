@@ -1,5 +1,6 @@
-"""Issue 12: defaults, pytorch/examples compatibility, checkpoints across precisions and
-projects, GPU-only backend paths (mocked: this machine has no GPU), errors and output problems.
+"""Defaults, compatibility with pytorch/examples' ImageNet script (flags and checkpoints),
+checkpoints across precisions and backends, GPU-only backend paths (mocked: this machine has no
+GPU), errors and output problems.
 
 Tests that only parse arguments or call one function import the scripts in-process; the
 others start them as users do, on the tiny data set. Every mock says so in its test.
@@ -48,7 +49,7 @@ def ddp():
     return load("distributed.py")
 
 
-# ---- 1. defaults: ImageNet's recipe on real data, the demo's on the demo data ----
+# ---- defaults: ImageNet's recipe on real data, the demo's on the demo data ----
 
 def test_defaults_are_imagenet_recipe_on_real_data_and_demo_settings_on_demo_data(ddp, tiny_data, tmp_path,
                                                                                    monkeypatch):
@@ -80,7 +81,7 @@ def test_defaults_are_imagenet_recipe_on_real_data_and_demo_settings_on_demo_dat
     assert (args.batch_size, args.epochs, args.lr, args.workers) == (512, 5, 0.2, 1)
 
 
-# ---- 8. pytorch/examples' command line; the first line gives the effective settings ----
+# ---- pytorch/examples' command line; the first line gives the effective settings ----
 
 def test_examples_command_line_parses(ddp, tmp_path):
     args = parse(ddp, "/data/imagenet", "--start-epoch", "0", "--epochs", "1")
@@ -109,7 +110,7 @@ def test_positional_data_and_start_epoch_and_first_line_settings(examples_style_
             "0 loader workers per process (demo settings)") in first, first
 
 
-# ---- 7. checkpoints resume under any --amp, and pytorch/examples' checkpoints load ----
+# ---- checkpoints resume under any --amp, and pytorch/examples' checkpoints load ----
 
 def test_fp32_checkpoint_resumes_with_fp16_grad_scaler(examples_style_run, tiny_data, tmp_path):
     out, _ = examples_style_run
@@ -165,7 +166,7 @@ def test_pytorch_examples_checkpoint_loads_with_its_class_count_from_the_weights
     assert row["val_loss"] > 500  # the others' loss is ~1000: the checkpoint's weights, not fresh ones
 
 
-# ---- 10. horovod_distributed.py --sync-bn: Horovod's SyncBatchNorm ----
+# ---- horovod_distributed.py --sync-bn: Horovod's SyncBatchNorm ----
 
 def test_horovod_sync_bn_uses_horovods_sync_batch_norm():
     from test_horovod import require_horovod
@@ -184,7 +185,7 @@ def test_horovod_sync_bn_uses_horovods_sync_batch_norm():
     assert "model = sync_batchnorm(model)" in open(script("horovod_distributed.py")).read()
 
 
-# ---- 11. dataparallel.py validates on all GPUs ----
+# ---- dataparallel.py validates on all GPUs ----
 
 def test_dataparallel_validates_through_dataparallel_and_saves_the_bare_model(tiny_data, tmp_path, monkeypatch):
     dp = load("dataparallel.py")
@@ -203,10 +204,10 @@ def test_dataparallel_validates_through_dataparallel_and_saves_the_bare_model(ti
     assert seen == [nn.DataParallel]
     keys = torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["model"].keys()
     assert not [k for k in keys if k.startswith("module.")]
-    assert cublas == ":4096:8"  # point 15: without it, deterministic cuBLAS refuses to run on GPUs
+    assert cublas == ":4096:8"  # without it, deterministic cuBLAS refuses to run on GPUs
 
 
-# ---- 13. errors on the way ----
+# ---- errors on the way ----
 
 def test_googlenet_with_auxiliary_outputs_trains(tiny_data, tmp_path):
     run([PY, script("distributed.py"), "--data", tiny_data, *TINY, "-a", "googlenet", "--output-dir", str(tmp_path)])
@@ -272,7 +273,7 @@ def test_torchrun_summary_names_the_failed_ranks_exception(tmp_path):
     assert "ValueError: injected failure in rank" in summary, p.stderr[-3000:]
 
 
-# ---- 14. output problems ----
+# ---- output problems ----
 
 def test_output_folder_that_cannot_be_made_is_one_line_before_training(tiny_data, tmp_path):
     (tmp_path / "file").write_text("")
@@ -323,10 +324,12 @@ def test_disk_filling_up_during_training_is_one_line_and_keeps_a_loadable_checkp
         assert torch.load(out / "checkpoint.pth.tar", weights_only=True)["epoch"] == 1
 
 
-# ---- 15. README: what is bit-exact on GPUs ----
+# ---- the docs: what is bit-exact on GPUs ----
 
-def test_readme_says_gpu_results_are_bit_exact_only_with_deterministic():
-    text = open(os.path.join(ROOT, "README.md")).read()
-    section = text[text.index("## Reproducibility"):]
-    section = section[:section.index("\n## ", 1)]
-    assert "--deterministic" in section and "bit" in section and "GPU" in section
+def test_docs_say_gpu_results_are_bit_exact_only_with_deterministic():
+    text = open(os.path.join(ROOT, "docs", "parallel-math.md")).read()
+    section = text[text.index("## What is bit-exact"):]
+    end = section.find("\n## ", 1)
+    section = section if end < 0 else section[:end]
+    assert "identical only with `--deterministic`" in section and "GPU" in section
+    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in section

@@ -9,6 +9,8 @@ command or reason) and for each run RESULTS/runs/NAME/metrics.jsonl (rank 0's pe
 records) and RESULTS/runs/NAME/stats.csv (statistics.sh samples). Only the standard
 library and PIL (which torchvision brings) are needed: no matplotlib; torch and torchvision
 for the FLOPs count (without them the report leaves the TFLOP/s and MFU columns blank).
+Commands are reported as a user types them in the checkout: `.venv/bin/python distributed.py
+--output-dir results/runs/distributed`, not this machine's absolute paths.
 
 MFU (model FLOPs utilization), as nanoGPT reports it: train_tflops = images/s x training
 FLOPs per image (forward + backward, counted by tools/model_flops.py for --arch at
@@ -27,6 +29,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -69,6 +72,37 @@ COLUMNS = ["backend", "launcher", "status", "processes", "threads_per_process", 
            "train_tflops", "mfu_pct", "peak_tflops", "epoch_time_s", "val_acc1", "peak_memory_rank0_mb",
            "peak_rss_tree_mb", "mean_util", "util_kind", "images_per_core_s", "data_wait_pct", "wall_s", "note"]
 COLUMNS += ["loader_images_per_core_s", "loader_cores_needed"]
+
+
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ABS_PATH = re.compile(r"(?<![\w./:-])/(?:\\.|[^\s'\"`\\])+")  # an absolute path; backslash escapes (printf %q) kept
+
+
+def as_typed(text, root=CHECKOUT):
+    """`text` (a command line, a note) with the paths a user would type instead of this machine's:
+    a path inside the checkout relative to it (start.sh runs from there), and a program of a virtual
+    environment outside it as `.venv/bin/NAME`, where the README makes one. Other absolute paths are
+    the user's own choice (-o /scratch/..., DATA=/datasets/...) and stay."""
+    roots = {os.path.abspath(root), os.path.realpath(root)}
+
+    def shorten(m):
+        path = re.sub(r"\\(.)", r"\1", m.group(0))
+        for r in roots:
+            if path == r:
+                return "."
+            if path.startswith(r + os.sep):
+                return quote(os.path.relpath(path, r))
+        parts = path.split(os.sep)
+        for i in range(len(parts) - 1, 1, -1):  # the innermost virtual environment holding the path
+            if os.path.isfile(os.sep.join(parts[:i] + ["pyvenv.cfg"])):
+                return quote(os.path.join(".venv", *parts[i:]))
+        return m.group(0)
+
+    return ABS_PATH.sub(shorten, text)
+
+
+def quote(word):
+    return word if re.fullmatch(r"[A-Za-z0-9_./,:=+@%-]+", word) else shlex.quote(word)
 
 
 def read_manifest(path):
@@ -272,8 +306,9 @@ def summarise(results):
                    peak_rss_tree_mb=peak_tree, mean_util=util, util_kind=util_kind,
                    data_wait_pct=max((100 * r.get("data_wait_frac", 0) for r in metrics), default=None),
                    note="" if m["status"] == "ok" else
-                   (m["command"] if m["status"] == "skipped" else f"exit status {m['rc']}; see runs/{m['name']}/run.log"),
-                   command=m["command"], amp=last.get("amp"), arch=last.get("arch"),
+                   (as_typed(m["command"]) if m["status"] == "skipped"
+                    else f"exit status {m['rc']}; see runs/{m['name']}/run.log"),
+                   command=as_typed(m["command"]).strip(), amp=last.get("amp"), arch=last.get("arch"),
                    train_tflops=None, mfu_pct=None, peak_tflops=None, peak_source="")
         row["images_per_core_s"] = (row["images_per_s"] / (util / 100)
                                     if util and util_kind == "CPU %" and row["images_per_s"] else None)
@@ -551,6 +586,7 @@ def main():
                    help="peak TFLOP/s of the hardware a run uses, total (default: env PEAK_TFLOPS; for GPU runs, "
                         "else the table of dense bf16 peaks by nvidia-smi name; on CPU, none: MFU left blank)")
     args = p.parse_args()
+    args.command, args.config = as_typed(args.command), as_typed(args.config)
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         p.error(f"--peak-tflops / PEAK_TFLOPS must be positive, not {args.peak_tflops}")
     rows = summarise(args.results)

@@ -7,13 +7,18 @@
 # openssh-server and iproute2 when root and missing (tests/test_multihost.py makes test hosts
 # and starts an sshd in each), then runs pytest. Every backend's tests run: a missing backend
 # fails its tests unless ALLOW_MISSING_BACKENDS=1, which turns those failures into visible skips.
+# VENV, absolute or relative to the current folder, names another environment to use or make.
 set -euo pipefail
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
+# absolute from here on: the tests start programs by name from $VENV/bin (PATH, below)
+if [ -n "${VENV:-}" ]; then
+  case $VENV in /*) ;; *) VENV=$PWD/$VENV ;; esac
+fi
 cd "$(dirname "$0")/.."
-VENV=${VENV:-.venv}
+VENV=${VENV:-$PWD/.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 PYTHON="$VENV/bin/python" bash tools/install-horovod.sh
@@ -54,7 +59,7 @@ fi
 stop_slurm() { if [ "$started_slurm" = 1 ]; then bash tools/slurm-local.sh down; fi; }
 trap stop_slurm EXIT
 
-export PATH="$PWD/$VENV/bin:$PATH"
+export PATH="$VENV/bin:$PATH"
 # all of tests/, unless the arguments name test files or folders themselves
 where=(tests)
 for arg in "$@"; do case $arg in tests/*) where=() ;; esac; done

@@ -1,0 +1,55 @@
+"""tools/test.sh runs the suite with the environment it is given, wherever that lives.
+
+The tests start programs by name (torchrun, horovodrun, python3 through start.sh), so the
+environment's bin folder must come first on PATH for an absolute VENV as for a relative one.
+These runs replace the environment with a stand-in whose python records how pytest was started,
+and `id` with one that says "not root", so that nothing is installed and no cluster is started.
+"""
+import os
+import subprocess
+
+import pytest
+
+from conftest import ROOT, env
+
+
+def stand_in_venv(path, record):
+    """A folder that looks like a virtual environment to tools/test.sh: its python accepts every
+    set-up call and, when asked to run pytest, records which `python` PATH finds and the arguments."""
+    (path / "bin").mkdir(parents=True)
+    (path / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    python = path / "bin" / "python"
+    python.write_text('#!/bin/bash\n'
+                      'if [ "$1 $2" = "-m pytest" ]; then\n'
+                      f'  {{ echo "python=$(command -v python)"; echo "args=${{*:3}}"; }} >"{record}"\n'
+                      'fi\nexit 0\n')
+    python.chmod(0o755)
+
+
+def fake_bin(path):
+    """`id` that says uid 1000 (no apt-get, no Slurm cluster), and a python3 that refuses to make a
+    virtual environment: test.sh must find the one it is given."""
+    path.mkdir()
+    for name, text in {"id": "#!/bin/sh\necho 1000\n",
+                       "python3": '#!/bin/sh\necho "python3 $*: test.sh should not make an environment" >&2\nexit 1\n'
+                       }.items():
+        (path / name).write_text(text)
+        (path / name).chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("how", ["absolute", "relative"])
+def test_test_sh_puts_the_given_environment_first_on_path(tmp_path, how):
+    record = tmp_path / "pytest-call.txt"
+    venv = tmp_path / "envs" / "torch"
+    stand_in_venv(venv, record)
+    bin_dir = fake_bin(tmp_path / "bin")
+    # relative: to the folder test.sh is started from, here not the checkout
+    given, cwd = (str(venv), ROOT) if how == "absolute" else (os.path.join("envs", "torch"), tmp_path)
+    p = subprocess.run(["bash", os.path.join(ROOT, "tools", "test.sh"), "tests/test_tools.py", "-k", "nothing"],
+                       cwd=cwd, env=env(VENV=given, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}"),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = dict(line.split("=", 1) for line in record.read_text().splitlines())
+    assert lines["python"] == f"{venv}/bin/python", lines
+    assert lines["args"].endswith("tests/test_tools.py -k nothing"), lines  # the named file only, not all of tests/
