@@ -192,7 +192,7 @@ def test_dataparallel_validates_through_dataparallel_and_saves_the_bare_model(ti
     # mock: wrap the model in nn.DataParallel as on GPUs (on CPU it runs the module directly)
     monkeypatch.setattr(dp, "distribute", lambda model, optimizer, args, device: (nn.DataParallel(model), optimizer))
     seen, validate = [], dp.validate
-    monkeypatch.setattr(dp, "validate", lambda loader, model, ctx: seen.append(type(model)) or validate(loader, model, ctx))
+    monkeypatch.setattr(dp, "validate", lambda loader, model, *rest: seen.append(type(model)) or validate(loader, model, *rest))
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     args = parse(dp, "--data", tiny_data, *TINY, "--deterministic", "--output-dir", str(tmp_path))
     try:

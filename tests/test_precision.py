@@ -173,5 +173,6 @@ def test_fp16_step_that_overflows_first_leaves_the_momentum_untouched(apex):
     for state in optimizer.state.values():
         assert torch.isfinite(state["momentum_buffer"]).all() and state["momentum_buffer"].abs().max() < 10
     # where no GradScaler runs (bf16, fp32), the fused kernel stays
-    assert apex.build_optimizer(torch.nn.Linear(2, 2), parse(apex, "--amp", "bf16"), torch.device("cuda")) \
+    assert apex.build_optimizer(torch.nn.Linear(2, 2), parse(apex, "--amp", "bf16", "--lr", "0.1"),
+                                 torch.device("cuda")) \
         .defaults["fused"] is True

@@ -14,8 +14,8 @@ listed as skipped):
              torchvision's ImageNet example, and this project's loop before tools/loader_bench.py
   pil-v2     PIL decode, then transforms.v2 on a uint8 tensor (shows what the transforms alone save)
   tv-v2      torchvision.io.decode_image + transforms.v2 on a uint8 tensor
-  tv         what the training scripts use (distributed.py: read_image + TrainTransform/ValTransform):
-             torchvision.io.decode_image + the same crops on uint8, seeded per sample
+  tv         what the training scripts use (distributed.py: read_image + transforms): decode_image
+             and transforms.v2 on uint8, with the random draws seeded per sample
   simplejpeg simplejpeg (pip install simplejpeg: libjpeg-turbo, its own build) + the scripts' transforms
 
 Every path keeps the transforms' meaning: the same random-resized-crop and flip distribution
@@ -73,9 +73,17 @@ def tv_v2_path(size, train):
 
 
 def scripts_transform(size, train):
-    tf = (distributed.TrainTransform if train else distributed.ValTransform)(size, MEAN, STD)
+    """The scripts' transform, with its random draws seeded per sample as ImageList does."""
+    tf = distributed.transforms(size, augment=True)[0 if train else 1]
     counter = iter(range(1 << 62))
-    return lambda image: tf(image, torch.Generator().manual_seed(next(counter)))
+
+    def apply(image):
+        state = torch.default_generator.get_state()
+        torch.default_generator.manual_seed(next(counter))
+        image = tf(image)
+        torch.default_generator.set_state(state)
+        return image
+    return apply
 
 
 def tv_path(size, train):
