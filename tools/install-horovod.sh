@@ -209,10 +209,10 @@ if [[ $OFFLINE == 1 ]]; then
         export PIP_FIND_LINKS=$HOROVOD_WHEELHOUSE
     fi
 fi
-MISSING_DEPS=()
-for dep in $BUILD_DEPS; do
-    "$PYTHON" -c "import ${dep%%:*}" >/dev/null 2>&1 || MISSING_DEPS+=("${dep#*:}")
-done
+# found without importing them (one quick interpreter start)
+read -r -a MISSING_DEPS <<<"$("$PYTHON" -c '
+import importlib.util, sys
+print(" ".join(d.split(":")[1] for d in sys.argv[1:] if importlib.util.find_spec(d.split(":")[0]) is None))' $BUILD_DEPS)"
 CMAKE_VERSION=$(cmake --version 2>/dev/null | awk 'NR == 1 {print $3}') || CMAKE_VERSION=""
 
 # Horovod's setup.py defaults to make -j8, which oversubscribes small boxes
