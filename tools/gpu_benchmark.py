@@ -241,8 +241,6 @@ def main(argv):
         return reference_child(argv[1:])
     if argv[:1] == ["--peak-child"]:
         return peak_child(int(argv[1]), int(argv[2]))
-    # stopped (SIGTERM): leave through run_logged's finally, which ends the running mode's process group
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.path.join(ROOT, "results", "benchmark-gpu.md"), help="the markdown report")
     p.add_argument("--runs", default=None, help="folder for each mode's log and metrics (default: beside --out)")
@@ -378,4 +376,6 @@ def write_md(args, rows, commands, device_name, peak, peak_source, measured, flo
 
 
 if __name__ == "__main__":
+    # stopped (SIGTERM): leave through run_logged's finally, which ends the running mode's process group
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     sys.exit(main(sys.argv[1:]))
