@@ -129,6 +129,64 @@ def test_data_sets_are_the_small_ones_and_stay_out_of_outdir(gc, plan, tmp_path)
                 assert out.startswith(str(tmp_path / "work")), t
 
 
+def fake_run(folder, rows, log="", checkpoint=None):
+    """A run folder as the scripts leave one: metrics.jsonl (one row an epoch), run.log, a checkpoint."""
+    import torch
+    folder.mkdir(parents=True, exist_ok=True)
+    base = dict(device="cuda", world_size=1, train_images_per_s=1000.0, data_wait_frac=0.01, compile_s=None)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({**base, "epoch": i, **r}) + "\n"
+                                                  for i, r in enumerate(rows)))
+    (folder / "run.log").write_text(log)
+    if checkpoint is not None:
+        torch.save(checkpoint, folder / "checkpoint.pth.tar")
+    return str(folder)
+
+
+def test_the_verdicts_read_what_the_runs_leave(gc, tmp_path):
+    """The GPU checks' verdicts, on run folders made here: they pass what they should and fail what they should."""
+    run_ = lambda name, rows, **kw: fake_run(tmp_path / name, rows, **kw)  # noqa: E731
+    fp32 = run_("fp32", [dict(amp="off", train_loss=2.0, val_acc1=60.0), dict(amp="off", train_loss=1.0, val_acc1=80.0)])
+    seed = run_("seed1", [dict(amp="off", train_loss=1.1, val_acc1=78.0)])
+    assert "fp32" in gc.amp_verify(fp32, "off", fp32, seed)
+    scaler = {"scaler": {"scale": 65536.0}}
+    close = run_("fp16", [dict(amp="fp16", train_loss=1.0, val_acc1=77.0)], log="x: amp: fp16 (--amp fp16)\n",
+                 checkpoint=scaler)
+    assert "-3.0 points (noise 5.4" in gc.amp_verify(close, "fp16", fp32, seed)
+    far = run_("fp16-far", [dict(amp="fp16", train_loss=1.0, val_acc1=70.0)], checkpoint=scaler)
+    with pytest.raises(AssertionError, match="beyond the noise"):
+        gc.amp_verify(far, "fp16", fp32, seed)
+    nan = run_("fp16-nan", [dict(amp="fp16", train_loss=float("nan"), val_acc1=77.0)], checkpoint=scaler)
+    with pytest.raises(AssertionError, match="train loss nan"):
+        gc.amp_verify(nan, "fp16", fp32, seed)
+    unscaled = run_("fp16-noscale", [dict(amp="fp16", train_loss=1.0, val_acc1=77.0)], checkpoint={"scaler": {}})
+    with pytest.raises(AssertionError, match="no GradScaler state"):
+        gc.amp_verify(unscaled, "fp16", fp32, seed)
+    # channels_last: both runs' first lines are in the check's log; bf16 in both; their losses close
+    probe = {"bf16": dict(channels_last_outputs="15/15", output_error=0.005, nhwc_kernels=12),
+             "float64": dict(channels_last_outputs="0/15")}
+    cl = run_("cl", [dict(amp="bf16", train_loss=2.30)], log="a: channels_last on\nb: channels_last off\n")
+    (tmp_path / "cl" / "probe.json").write_text(json.dumps(probe))
+    assert "15/15 convolution outputs channels_last" in gc.channels_last_verify(cl, run_("cf", [dict(
+        amp="bf16", train_loss=2.31)]))
+    with pytest.raises(AssertionError, match="apart"):
+        gc.channels_last_verify(cl, run_("cf-far", [dict(amp="bf16", train_loss=2.6)]))
+    with pytest.raises(AssertionError, match="precisions"):
+        gc.channels_last_verify(cl, run_("cf-fp64", [dict(amp="off", train_loss=2.31)]))
+    # start.sh's results: every backend that ran, with its data wait, GPU utilization and loader workers
+    res = tmp_path / "start"
+    res.mkdir()
+    (res / "benchmark.md").write_text("# Benchmark: GPU (0)\n\n- configuration: resnet18, 224px, global batch 256, "
+                                      "1 epoch(s), data, GPUs 0 (one process each, nccl), -j 8 per process\n")
+    header = "backend,status,images_per_s,data_wait_pct,mean_util,loader_cores_needed\n"
+    (res / "benchmark.csv").write_text(header + "distributed,ok,2500.0,1.5,93,4.2\nhorovod,skipped,,,,\n")
+    numbers, details = gc.start_verify(str(res))
+    assert numbers.startswith("loader workers 8 per GPU; distributed 2500 img/s, data wait 1.5%, GPU util 93%")
+    assert "horovod skipped" in numbers and "### Benchmark: GPU (0)" in details
+    (res / "benchmark.csv").write_text(header + "distributed,failed,,,,\n")
+    with pytest.raises(AssertionError, match="failed"):
+        gc.start_verify(str(res))
+
+
 def test_dry_run_of_every_part_leaves_only_a_report_and_a_tar_of_logs_each(gc, tmp_path):
     out = tmp_path / "out"
     p = run(["bash", GPU_CHECK, "--dry-run", "--part", "all", str(out)],
@@ -246,7 +304,7 @@ def test_benchmark_times_the_scripts_step_and_a_plain_loop_on_batches_made_on_th
     peak = json.loads(capsys.readouterr().out)
     assert peak["bf16"] > 0 and peak["tf32"] > 0 and peak["size"] == 64
     out = tmp_path / "benchmark-gpu.md"  # the tool in this process (torch is imported), each mode in its own
-    assert gpu_benchmark.main(["--out", str(out), "-a", "resnet18", "--image-size", "32", "-b", "8", "--steps", "4",
+    assert gpu_benchmark.main(["--out", str(out), "-a", "resnet18", "--image-size", "16", "-b", "8", "--steps", "4",
                                "--modes", "eager,reference", "--peak-size", "0", "--threads", "1"]) == 0, \
         capsys.readouterr().out
     text = out.read_text()
@@ -258,6 +316,8 @@ def test_benchmark_times_the_scripts_step_and_a_plain_loop_on_batches_made_on_th
         assert cells[2].startswith("bf16") and float(cells[3]) > 0 and cells[-1] == "ok", row
     assert re.search(r"Ratio, apex_distributed.py's step / the plain loop, both eager: \d+\.\d\dx", text)
     assert "not a GPU figure" in text
+    numbers, details = gc.bench_verify(str(out))  # what the speed part's report shows of it
+    assert "Best:" in numbers and "Ratio, apex_distributed.py's step" in numbers and "### GPU benchmark" in details
     log = (tmp_path / "benchmark-gpu-runs" / "eager" / "run.log").read_text()
     assert "Epoch [0][4/4]" in log and "batch 8 (8 per process)" in log and "amp: bf16" in log
     assert "reference loop: resnet18, batch 8, 4 steps" in (tmp_path / "benchmark-gpu-runs" / "reference" /

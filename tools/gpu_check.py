@@ -473,8 +473,9 @@ def sync_bn_verify(ref, run):
 def channels_last_verify(cl, cf):
     with open(os.path.join(cl, "probe.json")) as f:
         probe = json.load(f)
-    assert "channels_last on" in log_text(cl), "distributed.py's first line lacks 'channels_last on'"
-    assert "channels_last off" in log_text(cf), "the --no-channels-last run's first line lacks 'channels_last off'"
+    log = log_text(cl)  # the check's log: both runs
+    assert "channels_last on" in log, "the --channels-last run's first line lacks 'channels_last on'"
+    assert "channels_last off" in log, "the --no-channels-last run's first line lacks 'channels_last off'"
     a, b = trained_on_cuda(cl, 1), trained_on_cuda(cf, 1)
     assert a["amp"] == "bf16" == b["amp"], f"precisions {a['amp']}, {b['amp']}"
     rel = abs(a["train_loss"] - b["train_loss"]) / abs(b["train_loss"])
@@ -563,8 +564,8 @@ def start_verify(results):
     ok = [r for r in rows if r["status"] == "ok"]
     assert ok and os.path.isfile(os.path.join(results, "benchmark.md")), "no backend ran"
     text = open(os.path.join(results, "benchmark.md")).read()
-    workers = next((w for w in text.split(", ") if w.startswith("-j ") and w.endswith("per process")), "")
-    numbers = (f"loader workers {workers.split()[1] if workers else '?'} per GPU; " + "; ".join(
+    workers = re.search(r"-j (\d+) per process", text)  # start.sh's configuration line; one process a GPU
+    numbers = (f"loader workers {workers.group(1) if workers else '?'} per GPU; " + "; ".join(
         f"{r['backend']} {float(r['images_per_s']):.0f} img/s, data wait {r['data_wait_pct'] or '?'}%, "
         f"GPU util {r['mean_util'] or '?'}%, loader cores needed {r.get('loader_cores_needed') or '?'}" for r in ok)
         + "".join(f"; {r['backend']} skipped" for r in rows if r["status"] == "skipped"))
@@ -844,8 +845,10 @@ def run_check(c, runs, procs):
     finally:
         c.seconds = time.monotonic() - start
     if rcs != [0] * len(rcs):
-        tail = log_text(run_dir).strip().splitlines()[-3:]
-        c.result, c.note = "FAIL", f"exit status {rcs}: " + " / ".join(tail)
+        lines = log_text(run_dir).strip().splitlines()
+        # the first line that says what went wrong (a script's "error:", an exception), else the last lines
+        said = [line for line in lines if re.search(r": error: |^\w*(Error|Exception)\b", line.strip())][:1]
+        c.result, c.note = "FAIL", f"exit status {rcs}: " + " / ".join(said or lines[-3:])
         return
     try:
         out = c.verify(c)
