@@ -49,7 +49,7 @@ MODES = {
     "reference": dict(kind="reference", args=[], timeout=70,
                       what="plain loop: torchvision model, torch.amp bf16, channels_last, SGD"),
     "reference-compile": dict(kind="reference", args=["--compile"], timeout=210,
-                              what="plain loop, torch.compile"),
+                              what="plain loop (torchvision, torch.amp bf16, channels_last, SGD), torch.compile"),
 }
 DEFAULT_MODES = ["eager", "compile", "tf32", "reference"]
 PEAK_TIMEOUT = 40  # the matmul peak measurement, in its own process
@@ -291,15 +291,18 @@ def main(argv):
         commands.append(" ".join(shlex.quote(c) for c in cmd))
         t0 = time.monotonic()
         rc = run_logged(cmd, os.path.join(out, "run.log"), args.timeout or MODES[mode]["timeout"])
+        if rc == 0 and not os.path.isfile(os.path.join(out, "metrics.jsonl")):
+            rc = "no metrics.jsonl"
         row = dict(mode=mode, rc=rc, wall_s=time.monotonic() - t0)
         if rc == 0:
             with open(os.path.join(out, "metrics.jsonl")) as f:
                 m = [json.loads(line) for line in f][-1]
+            flags_path = os.path.join(out, "backends.json")
             tflops = m["train_images_per_s"] * flops / 1e12
             own = measured.get("bf16" if m["amp"] == "bf16" else "tf32" if m["amp"] == "off" else None)
             row.update(m, tflops=tflops, mfu=100 * tflops / peak if peak else None,
                        mfu_measured=100 * tflops / own if own else None,
-                       backends=json.load(open(os.path.join(out, "backends.json"))))
+                       backends=json.load(open(flags_path)) if os.path.isfile(flags_path) else {})
         rows.append(row)
         print(f"{mode}: " + (f"{row['train_images_per_s']:.0f} images/s" if rc == 0 else f"failed ({rc}), "
               f"see {out}/run.log"), flush=True)
@@ -310,7 +313,7 @@ def main(argv):
 def precision_of(r):
     if r["amp"] != "off":
         return r["amp"] + (" + channels_last" if "channels" in MODES[r["mode"]]["what"] else "")
-    tf32 = r["backends"]["cudnn_allow_tf32"]
+    tf32 = r["backends"].get("cudnn_allow_tf32")
     return "fp32 (TF32 convolutions)" if tf32 and r["device"] == "cuda" else "fp32"
 
 
@@ -360,11 +363,12 @@ def write_md(args, rows, commands, device_name, peak, peak_source, measured, flo
         lines += ["", f"Best: {best['mode']}, {best['train_images_per_s']:.0f} images/s"
                   f"{', MFU ' + fmt(best['mfu']) + '% of the vendor peak' if best['mfu'] is not None else ''}."]
         flags = next((r["backends"] for r in ok if r["mode"] == "tf32"), ok[0]["backends"])
-        lines += ["", "fp32 on a GPU: the tf32 mode trains with torch.backends.cudnn.allow_tf32 = "
+        lines += [] if not flags else ["", "fp32 on a GPU: the tf32 mode trains with torch.backends.cudnn.allow_tf32 = "
                   f"{flags['cudnn_allow_tf32']} (convolutions {'in TF32' if flags['cudnn_allow_tf32'] else 'in fp32'}) "
                   f"and torch.backends.cuda.matmul.allow_tf32 = {flags['matmul_allow_tf32']} (matmuls, here the "
                   f"final linear layer, {'in TF32' if flags['matmul_allow_tf32'] else 'in full fp32'}), as the "
-                  "script left them after its run: PyTorch's defaults, which the scripts do not change."]
+                  "script left them after its run" + (": PyTorch's defaults." if (flags["cudnn_allow_tf32"], flags[
+                      "matmul_allow_tf32"]) == (True, False) else ", which are not PyTorch's defaults (True, False).")]
     lines += ["", "The plain loop: torchvision's model, torch.optim.SGD (lr 0.1, momentum 0.9, weight decay 1e-4, "
               "PyTorch's default implementation), torch.autocast bf16, the batch converted to channels_last each "
               "step as a loader's batch would be, cudnn.benchmark on (as in the scripts); no DDP, no prefetcher, no "
