@@ -997,8 +997,7 @@ def run_part(part, out, work, dry, command, budget=None):
         if errors:
             c.result, c.note = "FAIL", "bad command line: " + "; ".join(errors)
             bad_flags.append(f"{c.name}: {errors[0]}")
-    info = environment(part.gpu and not dry and not REHEARSAL, torch_info=part.gpu)
-    procs = None if dry else Processes(work)
+    info, procs = environment(False, torch_info=False), None
     handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     old = {s: signal.getsignal(s) for s in handled}
 
@@ -1011,6 +1010,8 @@ def run_part(part, out, work, dry, command, budget=None):
     try:
         for s in handled:
             signal.signal(s, on_signal)
+        info = environment(part.gpu and not dry and not REHEARSAL, torch_info=part.gpu)
+        procs = None if dry else Processes(work)
         for c in part.checks:
             current = c
             if c.result:
