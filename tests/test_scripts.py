@@ -121,14 +121,28 @@ def test_corrupt_jpeg_is_named(tiny_data, tmp_path, workers):
 @pytest.mark.parametrize("flag,value,expected", [
     ("--image-size", "0", "--image-size must be at least 1, not 0"),
     ("-j", "-1", "-j/--workers must be at least 0, not -1"),
-    ("-b", "0", "-b/--batch-size must be at least 1, not 0"),
-    ("-p", "0", "-p/--print-freq must be at least 1, not 0"),
-    ("--lr-step", "0", "--lr-step must be at least 1, not 0"),
-    ("--lr", "-0.1", "--lr must be at least 0, not -0.1"),
 ])
 def test_numeric_options_are_checked_before_anything_starts(tiny_data, tmp_path, flag, value, expected):
     p = fails_with(single("--data", tiny_data, *TINY, flag, value, "--output-dir", str(tmp_path)), expected)
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0, p.stderr
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("-b", "0", "-b/--batch-size must be at least 1, not 0"),
+    ("-p", "0", "-p/--print-freq must be at least 1, not 0"),
+    ("--lr-step", "0", "--lr-step must be at least 1, not 0"),
+    ("--lr", "-0.1", "--lr must be at least 0, not -0.1"),
+    ("--epochs", "-1", "--epochs must be at least 0, not -1"),
+    ("--threads", "-2", "--threads must be at least 0, not -2"),
+    ("--dist-timeout", "0", "--dist-timeout must be at least 1, not 0.0"),
+])
+def test_every_numeric_option_has_a_bound(tiny_data, tmp_path, flag, value, expected):
+    """The same check as above, in-process for the other options (a process per case would be slow)."""
+    sys.path.insert(0, ROOT)
+    import distributed
+    args = distributed.build_parser().parse_args(["--data", tiny_data, flag, value, "--output-dir", str(tmp_path)])
+    with pytest.raises(distributed.UserError, match=f"^{expected.replace('.', '[.]')}$"):
+        distributed.check_args(args, 1)
 
 
 def big_image(path, width, height):
