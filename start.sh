@@ -91,7 +91,7 @@ fi
 CORES=$(nproc)
 
 # ---- configuration: GPU node or CPU ----
-if [[ -z ${GPUS+set} ]] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+if [[ -z ${GPUS+set} ]] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU' >/dev/null; then  # not grep -q: under pipefail its early exit can fail nvidia-smi with SIGPIPE
     GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
 fi
 GPUS=${GPUS:-none}

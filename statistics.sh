@@ -57,7 +57,7 @@ shift $((OPTIND - 1))
 (($# > 0)) || { usage >&2; exit 2; }
 [[ $INTERVAL_MS =~ ^[0-9]+$ ]] && ((INTERVAL_MS >= 10)) || die "-i wants milliseconds >= 10, not '$INTERVAL_MS'"
 case $MODE in
-    auto) if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    auto) if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU' >/dev/null; then
               MODE=gpu; else MODE=cpu; fi ;;
     gpu) command -v nvidia-smi >/dev/null 2>&1 || die "-m gpu: nvidia-smi not found" ;;
     cpu) ;;

@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 BIN = os.path.dirname(PY)
 SCRIPTS = ["distributed.py", "dataparallel.py", "multiprocessing_distributed.py", "apex_distributed.py",
-           "horovod_distributed.py", "distributed_slurm_main.py"]
+           "horovod_distributed.py", "distributed_slurm_main.py", "fsdp_distributed.py"]
 # 48 training images make 4 steps of a global batch of 12 for 1, 2 or 3 processes; 101
 # validation images divide neither the process counts nor the batch.
 TINY = ["--image-size", "32", "-j", "0", "-b", "12", "--epochs", "1", "-p", "100"]

@@ -1,4 +1,4 @@
-"""The six scripts as users start them: demo training, launchers, bad input, copies."""
+"""The scripts as users start them: demo training, launchers, bad input, copies."""
 import ast
 import os
 import shutil

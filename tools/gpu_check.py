@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU checks of the six scripts, as a lease plan: parts that each finish within 9 minutes.
+"""The GPU checks of the scripts, as a lease plan: parts that each finish within 9 minutes.
 
     bash tools/gpu-check.sh --plan                       # the parts, their checks, timeouts and budgets
     bash tools/gpu-check.sh --part 1 OUTDIR              # one part: one command of at most 9 minutes
@@ -44,7 +44,7 @@ import gpu_benchmark  # noqa: E402  (standard library only at import)
 
 PY = sys.executable
 SCRIPTS = ["distributed.py", "dataparallel.py", "multiprocessing_distributed.py", "apex_distributed.py",
-           "horovod_distributed.py", "distributed_slurm_main.py"]
+           "horovod_distributed.py", "distributed_slurm_main.py", "fsdp_distributed.py"]
 # Equivalence runs, as tests/conftest.py EXACT: GroupNorm, no augmentation, float64, plus
 # --deterministic. float64 rounds a reordered sum of n terms by at most n * 1.1e-16 of its terms'
 # magnitudes (n <= 1e5 per reduction at 32 px, 4 steps, parameters ~1): far below 1e-9, while a real
@@ -254,6 +254,7 @@ def build_plan(work):
     one_gpu = {
         "distributed.py": (torchrun(1), "nccl"), "multiprocessing_distributed.py": ([PY], "nccl"),
         "apex_distributed.py": (torchrun(1), "nccl"), "dataparallel.py": ([PY], None),
+        "fsdp_distributed.py": (torchrun(1), "nccl"),
     }
     for script, (launcher, backend) in one_gpu.items():
         name = "gpu1-" + script[:-3]
@@ -283,7 +284,8 @@ def build_plan(work):
               check("ref-1proc", "reference for the equivalence checks: distributed.py, one process on the GPU, "
                     "float64, GroupNorm, --deterministic", [[train([PY], "distributed.py", ref_args)]],
                     lambda c: speed(trained_on_cuda(d("ref-1proc"), 1)), 40, requires=["data-tiny"])]
-    for script, launcher in {"distributed.py": torchrun(2), "apex_distributed.py": torchrun(2)}.items():
+    for script, launcher in {"distributed.py": torchrun(2), "apex_distributed.py": torchrun(2),
+                             "fsdp_distributed.py": torchrun(2)}.items():
         name = "gpu2-" + script[:-3]
         args = ref_args + (["--no-channels-last"] if script.startswith("apex") else [])
         what = f"{script}: 2 processes on one GPU over gloo end with the 1-process parameters"

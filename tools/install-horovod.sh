@@ -131,7 +131,7 @@ fi
 if [[ -z "${HOROVOD_GPU_OPERATIONS:-}" ]]; then
     # NCCL ops can only run on a GPU; on a CPU-only box with a CUDA torch
     # they would just add build time and an NCCL build dependency.
-    if ((NCCL)) || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }; then
+    if ((NCCL)) || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU' >/dev/null; }; then
         export HOROVOD_GPU_OPERATIONS=NCCL
     fi
 fi

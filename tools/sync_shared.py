@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Keep the shared blocks of the six training scripts equal to distributed.py's.
+"""Keep the shared blocks of the training scripts equal to distributed.py's.
 
     python tools/sync_shared.py          # copy distributed.py's shared blocks into the others
     python tools/sync_shared.py --check  # exit 1, naming script and block, if a copy drifted
@@ -16,7 +16,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = "distributed.py"
 COPIES = ["dataparallel.py", "multiprocessing_distributed.py", "apex_distributed.py",
-          "horovod_distributed.py", "distributed_slurm_main.py"]
+          "horovod_distributed.py", "distributed_slurm_main.py", "fsdp_distributed.py"]
 BLOCK = re.compile(r"^# ---- shared: (?P<name>[\w-]+) .*?^# ---- end shared: (?P=name) ----$", re.M | re.S)
 
 

@@ -1,0 +1,800 @@
+#!/usr/bin/env python3
+"""ImageNet training with FSDP2 (fully_shard), one process per GPU, started by torchrun.
+
+    torchrun --nproc_per_node=4 fsdp_distributed.py --data /path/to/imagenet
+    torchrun --nnodes=2 --node-rank=0 --nproc_per_node=8 --master-addr=HOST0 fsdp_distributed.py ...
+    python fsdp_distributed.py ...                                                  # one process
+
+The launcher starts the processes and hands each its RANK, WORLD_SIZE and LOCAL_RANK;
+each process trains on its shard of every batch holding 1/N of the parameters, gradients and
+momentum: FSDP gathers a block's parameters for its forward and backward, then frees them.
+Everything below "shared" markers is the same, line for line, in all the scripts of
+this project: `diff distributed.py <other>.py` shows what another backend changes.
+"""
+import argparse
+import contextlib
+import datetime
+import hashlib
+import io
+import json
+import math
+import os
+import random
+import re
+import resource
+import signal
+import socket
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.data
+import torchvision
+import torchvision.models as models
+import torchvision.transforms.v2 as T
+import torchvision.transforms.v2.functional as TF
+from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
+
+SCRIPT = os.path.basename(__file__)
+
+
+# ---- shared: options (copied from distributed.py; tools/sync_shared.py keeps copies equal) ----
+class UserError(Exception):
+    """Bad input: reported as one line and a non-zero exit, never a traceback."""
+
+
+DEMO_MARK = "DEMO_DATA.txt"  # the file that marks a folder of demo data (tools/make_demo_data.py writes it)
+DEMO_DEFAULTS = dict(batch_size=32, epochs=3, workers=2)  # a few minutes on a laptop
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Defaults: pytorch/examples' ImageNet "
+                                f"recipe, except on the demo data (folders with a {DEMO_MARK} file) and with --dummy: "
+                                + ", ".join(f"{k} {v}" for k, v in DEMO_DEFAULTS.items()))
+    p.add_argument("data_arg", nargs="?", metavar="DATA", help="data folder, as pytorch/examples takes it")
+    p.add_argument("--data", metavar="DIR", help="ImageFolder root with train/ and val/ (default: data/demo)")
+    p.add_argument("-a", "--arch", default="resnet18", help="any torchvision classification model (default: resnet18)")
+    p.add_argument("-j", "--workers", type=int, help="loader processes per process (default: min(8, cores each))")
+    p.add_argument("--loader-start-method", choices=["fork", "spawn", "forkserver"], help="how loader workers start "
+                   "(default: fork); spawn or forkserver where forking breaks, e.g. MPI over InfiniBand")
+    p.add_argument("--epochs", type=int, help="default: 90 (3 on the demo data)")
+    p.add_argument("--start-epoch", type=int, default=0, help="epoch to start at (--resume reads it)")
+    p.add_argument("-b", "--batch-size", type=int, help="global batch, split evenly across processes (default: 256)")
+    p.add_argument("--lr", "--learning-rate", type=float, dest="lr", help="default: 0.1 x global batch / 256")
+    p.add_argument("--lr-step", type=int, default=30, help="divide the learning rate by 10 every N epochs")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--wd", "--weight-decay", type=float, default=1e-4, dest="weight_decay")
+    p.add_argument("-p", "--print-freq", type=int, default=10, help="print every N steps (the only host syncs)")
+    p.add_argument("--resume", metavar="PATH", default="", help="checkpoint to continue from")
+    p.add_argument("--auto-resume", action="store_true", help="resume from OUTPUT_DIR/checkpoint.pth.tar if there is "
+                   "one (SIGUSR1 makes all processes stop at one step and save it: see slurm/train.sbatch)")
+    p.add_argument("-e", "--evaluate", action="store_true", help="only evaluate on val/")
+    p.add_argument("--pretrained", action="store_true", help="start from torchvision's weights (downloads them)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the shuffling, the augmentations and the initial weights")
+    p.add_argument("--deterministic", action="store_true", help="deterministic kernels where PyTorch has them (slower)")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--no-augment", dest="augment", action="store_false", help="train on centre crops, unflipped")
+    p.add_argument("--dummy", action="store_true", help="synthetic data in memory instead of --data")
+    p.add_argument("--output-dir", help="checkpoints and metrics.jsonl (default: output/<script>)")
+    p.add_argument("--norm", choices=["batch", "group"], default="batch", help="group: GroupNorm for BatchNorm")
+    p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm: batch statistics over all processes (CUDA)")
+    p.add_argument("--amp", choices=["off", "auto", "bf16", "fp16"], default="off", help="mixed precision; auto: what "
+                   "the hardware runs natively (bf16 from Ampere on and on AVX512_BF16/AMX CPUs, else fp16 on GPUs)")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, help="NHWC (default: with --amp)")
+    p.add_argument("--fp64", action="store_true", help="train in float64 (slow): N processes then match one process "
+                   "to ~1e-12, whatever the kernels' summation order, which checks the parallel math itself")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (the compile time is logged apart)")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads per process (default: PyTorch's)")
+    p.add_argument("--dist-backend", help="nccl with CUDA, else gloo")
+    p.add_argument("--dist-timeout", type=float, default=1800, help="seconds before a stuck collective fails")
+    return p
+
+
+def resolve_defaults(args, world_size):
+    """pytorch/examples' ImageNet recipe, except on the demo data. Loader workers: min(8, cores this process
+    may use / processes on its node); the launchers say how many a node runs, else one per GPU is assumed."""
+    if args.data_arg is not None and args.data not in (None, args.data_arg):
+        raise UserError(f"two data folders: {args.data_arg} and --data {args.data}")
+    args.data = args.data_arg or args.data or "data/demo"
+    args.demo = args.dummy or os.path.normpath(args.data) == "data/demo" or \
+        os.path.isfile(os.path.join(args.data, DEMO_MARK))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    local = next((int(os.environ[v]) for v in ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+                  if os.environ.get(v, "").isdigit()), None) or min(world_size, torch.cuda.device_count() or world_size)
+    recipe = dict(batch_size=256, epochs=90, workers=min(8, cores // local) or 1)
+    for name, value in (DEMO_DEFAULTS if args.demo else recipe).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.lr = 0.1 * args.batch_size / 256 if args.lr is None else args.lr
+
+
+# ---- end shared: options ----
+
+
+# ---- backend: FSDP2 (torch.distributed.fsdp.fully_shard), processes started by torchrun ----
+MESH = []  # the device mesh over all processes, made by init_distributed: FSDP shards every parameter over it
+
+
+def add_backend_args(p):
+    p.add_argument("--local-rank", "--local_rank", type=int, dest="local_rank")  # the legacy launcher passes it
+
+
+@record  # torchrun's summary then names a failed rank's exception and traceback
+def main():
+    p = build_parser()
+    add_backend_args(p)
+    args = p.parse_args()
+    if "RANK" not in os.environ:  # plain `python fsdp_distributed.py`: a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()))
+    if os.environ["RANK"] == "0" and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0" and \
+            os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # restarted processes may try old addresses
+        print(f"{SCRIPT}: warning: with --max-restarts, run torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+              file=sys.stderr, flush=True)
+    local_rank = args.local_rank if args.local_rank is not None else int(os.environ["LOCAL_RANK"])
+    run(main_worker, local_rank, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+
+
+def init_distributed(args, local_rank, rank, world_size):
+    device = setup_device(args, local_rank)
+    dist.init_process_group(args.dist_backend, rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=args.dist_timeout),
+                            device_id=device if device.type == "cuda" else None)
+    MESH[:] = [init_device_mesh(device.type, (world_size,))]
+    return device
+
+
+def distribute(model, optimizer, args, device):
+    """Shards the model in place, a group per block of its Sequential children (ResNet's residual blocks), the
+    root keeping the rest; the optimizer is built anew on the shards, a resumed run's state sliced into it."""
+    inner, mesh = getattr(model, "_orig_mod", model), MESH[0]  # --compile: shard the module it compiled
+    names = [n for n, _ in inner.named_parameters()]
+    inner.to(memory_format=torch.contiguous_format)  # FSDP shards no channels_last parameters (inputs may be)
+    policy = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if args.amp == "bf16" else MixedPrecisionPolicy()
+    norms = [m for m in inner.modules() if isinstance(m, (nn.modules.batchnorm._NormBase, nn.GroupNorm)) and m.weight
+             is not None]  # BatchNorm's bf16 weights would fail against its fp32 running statistics: under bf16,
+    if policy.param_dtype and norms:  # the norm layers keep fp32 weights, in one group for the whole model
+        fully_shard(norms, mesh=mesh, mp_policy=MixedPrecisionPolicy(output_dtype=torch.bfloat16))
+    for block in [b for m in inner.children() if isinstance(m, nn.Sequential) for b in m if list(b.parameters())]:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(inner, mesh=mesh, mp_policy=policy)
+    plain = optimizer.state_dict()  # momentum keyed by index in parameters() order
+    hyper = {k: v for k, v in plain["param_groups"][0].items() if k != "params"}
+    sharded = type(optimizer)(inner.parameters(), **hyper | {"fused": False})  # no fused SGD for sharded tensors
+    if plain["state"]:  # resumed: the whole momentum buffers by parameter name, each process taking its shards
+        state = {"state": {names[i]: s for i, s in plain["state"].items()}, "param_groups": [
+            {**g, "params": [names[i] for i in g["params"]], "fused": False} for g in plain["param_groups"]]}
+        set_optimizer_state_dict(inner, sharded, state, options=StateDictOptions(full_state_dict=True))
+    return model, sharded
+
+
+def full_state(model, optimizer):
+    """The whole state gathered onto rank 0's CPU (the others get {}) in the format of an unwrapped model and
+    torch.optim.SGD (momentum keyed by parameter index): checkpoints move to and from the other scripts."""
+    inner, options = getattr(model, "_orig_mod", model), StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(inner, options=options)
+    if not optimizer.state:  # no step yet: get_optimizer_state_dict would take a zero-gradient step, which
+        return weights, optimizer.state_dict()  # weight decay turns into momentum
+    osd = get_optimizer_state_dict(inner, optimizer, options=options)  # keyed by parameter name
+    index = {name: i for i, (name, _) in enumerate(inner.named_parameters())}
+    return weights, osd and {"state": {index[k]: v for k, v in osd["state"].items()}, "param_groups": [
+        {**g, "params": [index[k] for k in g["params"]]} for g in osd["param_groups"]]}
+
+
+def sync_batchnorm(model):  # --sync-bn: batch statistics over all processes
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
+def all_reduce_sum(tensor):
+    dist.all_reduce(tensor)
+    return tensor
+
+
+def prefetch(loader, device):
+    """FSDP's forward is collective (it gathers parameters), so all processes must run as many. Validation's
+    shares (images r, r+W, ...) may differ by a batch: the processes that run out forward empty batches."""
+    first = next(loader, None)  # for the image shape of the empty batches (a process may have none at all)
+    size = torch.tensor([len(loader), *(first[0].shape[1:] if first else (0, 0, 0))], device=device)
+    dist.all_reduce(size, dist.ReduceOp.MAX)
+    yield from [first] if first else []
+    yield from loader  # (empty when first was None)
+    for _ in range(int(size[0]) - len(loader)):  # 0 images add nothing to validate()'s sums
+        yield torch.zeros(0, *size[1:].tolist()), torch.zeros(0, dtype=torch.long)
+
+
+def shutdown():
+    dist.destroy_process_group()
+# ---- end backend ----
+
+
+# ---- shared: training (copied from distributed.py; tools/sync_shared.py keeps copies equal) ----
+######## The loop: set-up, the epochs, train, validate, checkpoints ########
+
+def main_worker(local_rank, rank, world_size, args):
+    try:  # every process checks alike, before any process group exists: bad input leaves no one waiting
+        check_args(args, world_size)
+    except UserError:
+        report_once(rank)
+        raise
+    signal.signal(signal.SIGUSR1, lambda *_: STOP.append(1))  # Slurm's warning before a time limit or preemption
+    device = init_distributed(args, local_rank, rank, world_size)
+    try:
+        train_and_evaluate(args, device, local_rank, rank, world_size)
+    finally:
+        shutdown()
+
+
+def train_and_evaluate(args, device, local_rank, rank, world_size):
+    args.amp, args.channels_last, why = choose_precision(args, device)
+    if args.deterministic:  # cuBLAS needs a fixed workspace; kernels without a deterministic version
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # (adaptive pooling's backward on CUDA)
+        torch.use_deterministic_algorithms(True, warn_only=True)  # warn instead of stopping the run
+    torch.backends.cudnn.benchmark = not args.deterministic
+    train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
+    train_loader, train_sampler, val_loader = build_loaders(train_set, val_set, args, rank, world_size, device)
+    if len(train_loader) == 0 and not args.evaluate:
+        report_once(rank)
+        raise UserError(f"the {len(train_set)} training images make no full batch of {args.batch_size}: "
+                        "lower --batch-size")
+
+    torch.manual_seed(args.seed)  # the same initial weights in every process, as one process would have
+    model = create_model(args, num_classes)
+    if args.sync_bn:
+        model = sync_batchnorm(model)
+    model.to(device, torch.float64 if args.fp64 else torch.float32,
+             memory_format=torch.channels_last if args.channels_last else torch.contiguous_format)
+    optimizer = build_optimizer(model, args, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+    start_epoch, best_acc1, start_sample = args.start_epoch, 0.0, 0
+    resume = os.path.join(args.output_dir, "checkpoint.pth.tar")
+    resume = resume if args.auto_resume and os.path.isfile(resume) else args.resume
+    if resume:
+        start_epoch, best_acc1, start_sample = load_checkpoint(resume, model, optimizer, scaler, args, num_classes)
+    bare_model = model  # validation and checkpoints use the model before compiling and wrapping
+    if args.compile:  # compile the inner model, then wrap it (PyTorch's advice for DDP)
+        model = torch.compile(model)
+    model, optimizer = distribute(model, optimizer, args, device)
+    eval_model = model if isinstance(model, nn.DataParallel) else bare_model  # DDP's forward would sync buffers
+    if rank == 0:  # the settings in effect, and why
+        opt, amp = type(optimizer), "fp64" if args.fp64 else "fp32" if args.amp == "off" else args.amp
+        print(f"{SCRIPT}: amp: {amp} ({why}), channels_last {'on' if args.channels_last else 'off'}, optimizer "
+              f"{opt.__module__}.{opt.__name__}{' (fused)' if optimizer.defaults.get('fused') else ''}; {world_size} "
+              f"process(es), backend {args.dist_backend}, device {device.type}, {args.arch}, {torch.get_num_threads()} "
+              f"thread(s); batch {args.batch_size // world_size} per process, {args.epochs} epochs, lr {args.lr:g} "
+              f"(/10 every {args.lr_step} epochs), weight decay {args.weight_decay:g}, {args.workers} loader workers "
+              f"per process ({'demo settings' if args.demo else 'ImageNet recipe'}); start epoch {start_epoch}"
+              f"{f' at sample {start_sample}' if start_sample else ''}", flush=True)
+    if note:  # after the settings: the run's first line says what it runs, and why
+        print(note, flush=True)
+
+    def checkpoint(epoch, samples=0, is_best=False):  # the epoch to start at, and the samples of it trained
+        model_state, optimizer_state = full_state(bare_model, optimizer)
+        if rank == 0:
+            save_checkpoint(dict(epoch=epoch, samples=samples, arch=args.arch, num_classes=num_classes,
+                                 model=model_state, optimizer=optimizer_state, scaler=scaler.state_dict(),
+                                 best_acc1=best_acc1), is_best, args.output_dir)
+
+    if args.evaluate:
+        val = validate(val_loader, eval_model, args, device, rank)
+        log_metrics(args, rank, dict(script=SCRIPT, world_size=world_size, epoch=start_epoch, **val))
+        return
+    for epoch in range(start_epoch, args.epochs):
+        train_sampler.set_epoch(epoch, start_sample if epoch == start_epoch else 0)
+        seed = args.seed + rank + 100_003 * epoch  # the process's own draws (dropout): a resumed run draws alike
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        lr = args.lr * 0.1 ** (epoch // args.lr_step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        stats, stopped_at = train(train_loader, model, optimizer, scaler, epoch, args, device, rank, world_size)
+        if stats is None:  # every process stops after the same step: save it, to go on from the next sample
+            checkpoint(epoch, stopped_at)
+            if rank == 0:
+                print(f"{SCRIPT}: stopped on SIGUSR1 after sample {stopped_at} of epoch {epoch}: checkpoint saved; "
+                      "--auto-resume continues from there", flush=True)
+            return
+        average_buffers(bare_model, world_size)
+        val = validate(val_loader, eval_model, args, device, rank)
+        is_best, best_acc1 = val["val_acc1"] > best_acc1, max(val["val_acc1"], best_acc1)
+        checkpoint(epoch + 1, 0, is_best)
+        log_metrics(args, rank, dict(script=SCRIPT, world_size=world_size, epoch=epoch, lr=lr, amp=args.amp,
+                                     arch=args.arch, batch_size=args.batch_size, device=device.type,
+                                     threads=torch.get_num_threads(), **stats, **val))
+        if stopped_at:  # asked to stop in the epoch's last step: its checkpoint is saved
+            return
+
+
+def train(loader, model, optimizer, scaler, epoch, args, device, rank, world_size):
+    """One epoch, or the rest of one. Returns its statistics (None: stopped mid-epoch) and, when the processes
+    were asked to stop (SIGUSR1), the samples of the epoch trained."""
+    model.train()
+    # running sums stay on the device, since reading them (.item()) would make the host wait every step:
+    # loss x n, top-1 hits, n, and the number of processes asked to stop, added up on print steps
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    start, global_batch, steps = loader.sampler.start, loader.batch_size * world_size, len(loader)
+    warmup = min(2, steps - 1)  # steps left out of images/s: allocator and cudnn warm-up, compilation
+    data_time, t_start = 0.0, time.perf_counter()
+    t_fetch = t_warm = t_start
+    for i, (images, target) in enumerate(prefetch(start_workers(loader), device)):
+        data_time += time.perf_counter() - t_fetch
+        if i == warmup:
+            t_warm = time.perf_counter()
+        loss, top1, _, n = forward(model, images, target, args, device)
+        optimizer.zero_grad()  # sets the gradients to None: no memset
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        sums[0] += loss.detach().double() * n
+        sums[1] += top1
+        sums[2] += n  # an in-place add of a Python number: no host-to-device copy, so no wait
+        if i % args.print_freq == 0 or i == steps - 1:
+            if STOP:  # the signal reaches the processes at different steps: the flag rides along in this
+                sums[3] = 1  # reduction, and all processes stop after the first print step that sees it
+            total = all_reduce_sum(sums.clone()).tolist()
+            if rank == 0:
+                print(f"Epoch [{epoch}][{i + 1}/{steps}] loss {total[0] / total[2]:.4f} acc@1 "
+                      f"{100 * total[1] / total[2]:.2f} {(time.perf_counter() - t_start) / (i + 1):.3f} s/step",
+                      flush=True)
+            if total[3] > 0 and i < steps - 1:
+                return None, start + (i + 1) * global_batch
+        t_fetch = time.perf_counter()
+    total = all_reduce_sum(sums).tolist()  # reading the sums waits for the GPU: the times below include its work
+    elapsed, timed = time.perf_counter() - t_start, time.perf_counter() - t_warm
+    warm_s = t_warm - t_start  # its time beyond that of as many ordinary steps: compiling
+    compile_s = max(0.0, warm_s - warmup * timed / max(steps - warmup, 1)) if args.compile else None
+    if args.compile and rank == 0:
+        print(f"compile: {compile_s:.1f} s in the first {warmup} step(s), left out of images/s", flush=True)
+    peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return dict(train_loss=total[0] / total[2], train_acc1=100 * total[1] / total[2],
+                train_images_per_s=(total[2] - warmup * global_batch) / timed, epoch_time_s=elapsed,
+                data_wait_frac=data_time / elapsed, peak_memory_mb=peak_mb, warmup_s=warm_s, compile_s=compile_s), \
+        start + steps * global_batch if total[3] > 0 else 0
+
+
+@torch.no_grad()
+def validate(loader, model, args, device, rank):
+    """Exact evaluation: each image is seen by one process, and the sums of loss, top-1 and top-5 hits and
+    images are added over all processes in one all_reduce, so the result does not depend on their number."""
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    for images, target in prefetch(start_workers(loader), device):
+        loss_sum, top1, top5, n = forward(model, images, target, args, device, reduction="sum")
+        sums[:3] += torch.stack([loss_sum.double(), top1.double(), top5.double()])
+        sums[3] += n
+    loss_sum, top1, top5, n = all_reduce_sum(sums).tolist()
+    result = dict(val_loss=loss_sum / max(n, 1), val_acc1=100 * top1 / max(n, 1), val_acc5=100 * top5 / max(n, 1),
+                  val_images=int(round(n)))
+    if rank == 0:
+        print(f" * Acc@1 {result['val_acc1']:.3f} Acc@5 {result['val_acc5']:.3f} loss {result['val_loss']:.4f} "
+              f"({result['val_images']} images)", flush=True)
+    return result
+
+
+def forward(model, images, target, args, device, reduction="mean"):
+    """Moves a batch to the device, runs the model and the loss under autocast (cross_entropy in fp32), and
+    counts the samples whose target is the top output and among the top 5; returns those and the batch size.
+    inception_v3 and googlenet add auxiliary outputs in training, weighted as in torchvision's references."""
+    images = images.to(device, torch.float64 if args.fp64 else torch.float32, non_blocking=True,
+                       memory_format=torch.channels_last if args.channels_last else torch.contiguous_format)
+    target = target.to(device, non_blocking=True)
+    with torch.autocast(device.type, dtype=torch.float16 if args.amp == "fp16" else torch.bfloat16,
+                        enabled=args.amp != "off"):
+        output = model(images)
+        output, *aux = [o for o in output if o is not None] if isinstance(output, tuple) else [output]
+        loss = F.cross_entropy(output, target, reduction=reduction)
+        loss = loss + sum((0.4 if len(aux) == 1 else 0.3) * F.cross_entropy(a, target) for a in aux)
+    hits = output.detach().topk(min(5, output.shape[1]), dim=1).indices == target[:, None]
+    return loss, hits[:, 0].sum(), hits.any(dim=1).sum(), target.shape[0]
+
+
+def average_buffers(model, world_size):
+    """BatchNorm's running statistics differ between processes (each saw its own shards): averaged, every
+    process evaluates, and rank 0 saves, one and the same model."""
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    if world_size == 1 or not buffers:
+        return
+    flat = all_reduce_sum(torch.cat([b.detach().double().reshape(-1) for b in buffers])) / world_size
+    for b, value in zip(buffers, flat.split([b.numel() for b in buffers])):
+        b.copy_(value.view_as(b))
+
+
+def save_checkpoint(state, is_best, output_dir):
+    """Atomic: serialized in memory (torch.save into a file turns a full disk into an opaque error), written to a
+    temporary file, synced, renamed over the old file. A crash or failed write leaves the old file whole."""
+    data = io.BytesIO()
+    torch.save(state, data)
+    for name in ("checkpoint.pth.tar", "model_best.pth.tar") if is_best else ("checkpoint.pth.tar",):
+        path = os.path.join(output_dir, name)
+        tmp = f"{path}.tmp-{socket.gethostname()}"  # a killed writer's is replaced by the next save on its host
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data.getbuffer())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            folder = os.open(output_dir, os.O_RDONLY)  # the rename survives a power cut once the folder is synced
+            os.fsync(folder)
+            os.close(folder)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            kept = "the previous one is kept" if os.path.exists(path) else "there is none"
+            raise UserError(f"cannot write {path}: {e.strerror or e} ({kept})") from None
+
+
+def load_checkpoint(path, model, optimizer, scaler, args, num_classes):
+    """Loads the checkpoints of every script here, whatever their --amp, and pytorch/examples' (whose names
+    DataParallel and DDP prefix with "module."). Returns the epoch, best Acc@1 and samples trained of it."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)  # a checkpoint cannot run code
+    except Exception as e:
+        raise UserError(f"cannot load checkpoint {path}: {str(e).splitlines()[0]}") from None
+    weights = ckpt.get("model", ckpt.get("state_dict")) if isinstance(ckpt, dict) else None
+    if not isinstance(weights, dict) or "epoch" not in ckpt:
+        raise UserError(f"checkpoint {path} has no model weights and epoch: not a training checkpoint")
+    weights = {".".join(n for n in k.split(".") if n != "module"): v for k, v in weights.items()}
+    classes = ckpt.get("num_classes") or next((v.shape[0] for k, v in reversed(weights.items())  # the classifier's
+                                               if k.endswith("weight") and v.dim() >= 2), None)
+    if ckpt.get("arch") != args.arch or classes != num_classes:
+        raise UserError(f"checkpoint {path} is for {ckpt.get('arch')} with {classes} classes, "
+                        f"not --arch {args.arch} with {num_classes}")
+    try:
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise UserError(f"checkpoint {path} does not fit the model: {str(e).strip().splitlines()[0]}") from None
+    for group in optimizer.param_groups:  # fused or not is this machine's choice, not the saving machine's
+        group["fused"] = optimizer.defaults.get("fused")
+    if ckpt.get("scaler"):  # empty when written without fp16 (a disabled GradScaler): the fresh one starts
+        scaler.load_state_dict(ckpt["scaler"])
+    return ckpt["epoch"], float(ckpt.get("best_acc1", 0.0)), ckpt.get("samples", 0)
+
+
+def create_model(args, num_classes):
+    kwargs = {"num_classes": num_classes}
+    if args.norm == "group":
+        kwargs["norm_layer"] = lambda channels: nn.GroupNorm(min(32, channels), channels)
+    if args.pretrained:
+        kwargs["weights"] = "DEFAULT"
+    try:
+        return models.get_model(args.arch, **kwargs)
+    except (TypeError, ValueError) as e:  # e.g. --norm group for an arch without norm_layer
+        raise UserError(f"--arch {args.arch} cannot be built with {sorted(kwargs)}: {e}") from None
+
+
+def build_optimizer(model, args, device):
+    """On CUDA, fused SGD (one kernel for all parameters), except under fp16's GradScaler: a fused step that
+    overflows skips writing the momentum buffers it has just allocated, and the next step reads garbage."""
+    fused = (device.type == "cuda" and args.amp != "fp16") or None
+    return torch.optim.SGD(model.parameters(), args.lr, args.momentum, weight_decay=args.weight_decay, fused=fused)
+
+
+def setup_device(args, local_rank):
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def log_metrics(args, rank, row):
+    if rank != 0:
+        return
+    try:
+        with open(os.path.join(args.output_dir, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps(row) + "\n")
+    except OSError as e:
+        raise UserError(f"cannot write {os.path.join(args.output_dir, 'metrics.jsonl')}: {e.strerror or e}") from None
+
+
+######## Data: the image lists, decoding, augmentation, the sampler and the loaders ########
+
+def build_datasets(args, local_rank, rank):
+    train_tf, val_tf = transforms(args.image_size, args.augment)
+    if args.dummy:
+        return FakeData(1280, args.image_size, 1000), FakeData(256, args.image_size, 1000), 1000, ""
+    train_samples, index = list_images(os.path.join(args.data, "train"))
+    val_samples = list_images(os.path.join(args.data, "val"))[0]
+    how = f"read the image lists from {index}" if index else "listed the images"  # one line a node, naming the host
+    note = f"rank {rank} on {socket.gethostname()}: {how}: {len(train_samples['targets'])} train, " \
+        f"{len(val_samples['targets'])} val" if local_rank == 0 else ""
+    train = ImageList(os.path.join(args.data, "train"), train_samples, train_tf)
+    return train, ImageList(os.path.join(args.data, "val"), val_samples, val_tf), len(train_samples["classes"]), note
+
+
+def list_images(folder):
+    """The samples of an ImageFolder tree, and the folder of the index they came from. Listing ImageNet takes
+    minutes on a network filesystem: an index made once (tools/index_images.py here) is read while current."""
+    classes = sorted(d.name for d in os.scandir(folder) if d.is_dir())
+    for index in index_paths(folder, classes):
+        with contextlib.suppress(Exception), np.load(index) as z:  # absent or damaged: list the folder
+            return {k: z[k] for k in ("paths", "offsets", "targets", "classes")}, os.path.dirname(index)
+    paths, targets = [], []
+    for target, c in enumerate(classes):
+        for dirpath, _, files in sorted(os.walk(os.path.join(folder, c), followlinks=True)):
+            paths += [os.path.join(os.path.relpath(dirpath, folder), f) for f in sorted(files)
+                      if f.lower().endswith(IMG_EXTENSIONS)]
+            targets += [target] * (len(paths) - len(targets))
+    if not paths:
+        raise UserError(f"{folder} has no images ({', '.join(IMG_EXTENSIONS[:3])}, ...)")
+    return pack_samples(paths, targets, classes), None
+
+
+def index_paths(folder, classes):
+    """Beside the data, or in the user's cache for read-only data. The name holds a key of the real path and the
+    class folders' names and modification times, which change when images are added, removed or renamed."""
+    real = os.path.realpath(folder)
+    key = json.dumps(["v2", real, [(c, os.stat(os.path.join(folder, c)).st_mtime_ns) for c in classes]])
+    name = f"index-{os.path.basename(real)}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
+    home = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytorch-distributed")
+    return [os.path.join(os.path.dirname(real), ".image-lists", name), os.path.join(home, name)]
+
+
+def pack_samples(paths, targets, classes):
+    """Paths as one byte array with offsets: 1.28M take ~50 MB, and a forked loader worker reading them copies
+    none of their pages (a Python string's page is copied whenever its reference count changes)."""
+    encoded = [p.encode() for p in paths]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return dict(paths=np.frombuffer(b"".join(encoded), dtype=np.uint8), offsets=offsets,
+                targets=np.asarray(targets, dtype=np.int16 if len(classes) < 2**15 else np.int32),
+                classes=np.asarray(classes, dtype=str))
+
+
+class ImageList(torch.utils.data.Dataset):
+    """ImageFolder over packed samples. An item is (index, seed) from EpochSampler: the augmentation depends
+    on those alone, not on which (persistent) loader worker reads it, nor on the number of processes."""
+
+    def __init__(self, root, samples, transform):
+        self.root, self.transform = root, transform
+        self.paths, self.offsets, self.targets = samples["paths"], samples["offsets"], samples["targets"]
+
+    def __len__(self):
+        return len(self.targets)
+
+    def path(self, i):
+        return os.path.join(self.root, self.paths[self.offsets[i]:self.offsets[i + 1]].tobytes().decode())
+
+    def __getitem__(self, item):
+        i, seed = item if isinstance(item, tuple) else (item, 0)
+        try:
+            image = read_image(self.path(i))
+        except Exception as e:
+            raise UserError(f"cannot read image {self.path(i)}: {str(e).strip().splitlines()[-1]}") from None
+        rng, state = torch.default_generator, torch.default_generator.get_state()  # (torch.manual_seed is slow)
+        rng.manual_seed((seed * 2**32 + i) % 2**63)
+        image = self.transform(image)
+        rng.set_state(state)
+        return image, int(self.targets[i])
+
+
+def transforms(size, augment):
+    """torchvision's ImageNet recipe on uint8 tensors: for training RandomResizedCrop (scale 0.08-1) and
+    a horizontal flip; for evaluation the shorter side resized to size x 256/224 and a centre crop."""
+    normalize = [T.ToDtype(torch.float32, scale=True), T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]
+    val = T.Compose([T.Resize(int(size * 256 / 224), antialias=True), T.CenterCrop(size), *normalize])
+    return T.Compose([T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip(), *normalize]) \
+        if augment else val, val
+
+
+class FakeData(torch.utils.data.Dataset):
+    """--dummy: random images made in memory, for timing without a disk."""
+
+    def __init__(self, n, size, num_classes):
+        self.n, self.size, self.num_classes = n, size, num_classes
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, item):
+        i = item[0] if isinstance(item, tuple) else item
+        return torch.randn(3, self.size, self.size, generator=torch.Generator().manual_seed(i)), i % self.num_classes
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """This process's share of an epoch, as (index, seed) pairs. All processes shuffle alike, and process r of
+    W takes every W-th sample from the r-th: the W shards of step s make global batch s, as one process has it.
+    `start` skips what a run stopped mid-epoch trained: resumed with any processes or batch, none is trained twice."""
+
+    def __init__(self, n, rank, world_size, batch, seed):
+        self.n, self.rank, self.world_size, self.batch, self.seed = n, rank, world_size, batch, seed
+        self.epoch, self.start = 0, 0
+
+    def set_epoch(self, epoch, start=0):
+        self.epoch, self.start = epoch, start
+
+    def __len__(self):
+        return max(0, self.n - self.start) // (self.batch * self.world_size) * self.batch
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        mine = order[self.start:self.start + len(self) * self.world_size][self.rank::self.world_size]
+        seed = self.seed + 100_003 * self.epoch  # augmentations: new each epoch, alike for any process count
+        return ((i, seed) for i in mine.tolist())
+
+
+def build_loaders(train_set, val_set, args, rank, world_size, device):
+    per_process = args.batch_size // world_size
+    train_sampler = EpochSampler(len(train_set), rank, world_size, per_process, args.seed)
+    # validation: process r takes images r, r+W, r+2W, ...: each counted once (DistributedSampler pads)
+    val_indices = range(rank, len(val_set), world_size)
+    # loader workers persist across epochs, forked where the OS can (spawned, each would import torch again)
+    method = args.loader_start_method or ("fork" if "fork" in torch.multiprocessing.get_all_start_methods() else None)
+    common = dict(batch_size=per_process, num_workers=args.workers, pin_memory=device.type == "cuda",
+                  multiprocessing_context=method if args.workers > 0 else None, persistent_workers=args.workers > 0)
+    return (torch.utils.data.DataLoader(train_set, sampler=train_sampler, **common), train_sampler,
+            torch.utils.data.DataLoader(val_set, sampler=val_indices, **common))
+
+
+######## Appendix: hardening. Error translation, input checks, signals, precision probing, pixel bound ########
+
+def run(worker, *worker_args):
+    """Runs the worker; bad input and lost peers end in one line on stderr and a non-zero exit."""
+    try:
+        return worker(*worker_args)
+    except UserError as e:  # raised in a loader worker, it comes back inside a traceback: keep the message
+        message, status = str(e).strip().splitlines()[-1].split("UserError: ", 1)[-1], 2
+    except dist.DistError as e:  # a peer that never came, or a port in use
+        message, status = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}", 1
+    except RuntimeError as e:  # gloo reports a peer that died or went silent as a plain RuntimeError
+        text = str(e)  # "[/src/gloo/transport/tcp/pair.cc:545] Read error ...: Connection reset by peer. This is..."
+        if "/gloo/" not in text and "caused pair closure" not in text:  # the latter: a timeout elsewhere
+            raise
+        what = "no answer from another process within --dist-timeout" if re.search(r"timed? ?out", text, re.I) \
+            else "lost another process"
+        line = re.sub(r"\[[^\]]*/gloo/[^\]]*\] ", "", text.strip().splitlines()[0]).split(" This is typically")[0]
+        message, status = f"{what} (gloo): {line}", 1
+    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+def report_once(rank):
+    """All processes found it: rank 0 says so, the others leave after a pause in which rank 0 has said it."""
+    if rank != 0:
+        time.sleep(2)
+        sys.exit(2)
+
+
+def check_args(args, world_size):
+    """Checks that every process can make alike, before any process group exists."""
+    resolve_defaults(args, world_size)
+    flags = {"workers": "-j/--workers", "batch_size": "-b/--batch-size", "print_freq": "-p/--print-freq"}
+    for name, low in dict(image_size=1, workers=0, batch_size=1, epochs=0, start_epoch=0, lr_step=1, print_freq=1,
+                          threads=0, lr=0, momentum=0, weight_decay=0, dist_timeout=1).items():
+        if getattr(args, name) < low:
+            raise UserError(f"{flags.get(name, '--' + name.replace('_', '-'))} must be at least {low}, not "
+                            f"{getattr(args, name)}")
+    if args.batch_size < world_size:
+        raise UserError(f"--batch-size {args.batch_size} is smaller than the world size {world_size}: "
+                        "every process needs at least one sample per step")
+    if args.arch not in models.list_models(module=models):
+        raise UserError(f"unknown --arch {args.arch!r}; see torchvision.models.list_models()")
+    args.dist_backend = args.dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if args.dist_backend == "nccl" and not torch.cuda.is_available():
+        raise UserError("--dist-backend nccl needs CUDA GPUs; use gloo on CPU")
+    if args.fp64 and args.amp in ("bf16", "fp16"):
+        raise UserError(f"--fp64 and --amp {args.amp} contradict each other: choose one precision")
+    if args.sync_bn and not torch.cuda.is_available():
+        raise UserError("--sync-bn needs CUDA (PyTorch's SyncBatchNorm is GPU-only); use --norm group on CPU")
+    if args.resume and not os.path.isfile(args.resume):
+        raise UserError(f"--resume: no checkpoint at {args.resume}")
+    if not args.dummy:
+        check_data(args.data)
+    args.output_dir = args.output_dir or os.path.join("output", os.path.splitext(SCRIPT)[0])
+    probe = os.path.join(args.output_dir, f".write-test-{socket.gethostname()}-{os.getpid()}")
+    try:  # a folder that cannot hold checkpoints fails now, not after the first epoch
+        os.makedirs(args.output_dir, exist_ok=True)
+        open(probe, "wb").close()
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"output folder {args.output_dir} cannot be written: {e.strerror or e}") from None
+
+
+def check_data(root):
+    if not os.path.isdir(root):
+        hint = " (create it with: python tools/make_demo_data.py)" if root == "data/demo" else ""
+        raise UserError(f"data folder {root} does not exist{hint}")
+    classes = {}
+    for split in ("train", "val"):
+        folder = os.path.join(root, split)
+        if not os.path.isdir(folder):
+            raise UserError(f"{folder} is missing: --data needs train/ and val/ folders of class folders")
+        classes[split] = {d.name for d in os.scandir(folder) if d.is_dir()}  # none: "has no images" follows
+    if classes["train"] != classes["val"]:
+        raise UserError(f"train/ and val/ in {root} have different classes: only in train: "
+                        f"{sorted(classes['train'] - classes['val'])[:5]}, only in val: "
+                        f"{sorted(classes['val'] - classes['train'])[:5]}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+STOP = []  # non-empty once this process got SIGUSR1: all processes stop at the next print step
+
+
+def start_workers(loader):
+    """iter(loader), with SIGUSR1 blocked while its workers start, so that they keep it blocked: Slurm
+    signals every process of a job step, and a loader worker would die of it, failing the run."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    batches = iter(loader)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+    return batches
+
+
+def choose_precision(args, device):
+    """(amp, channels_last, why): autocast's precision ('off', 'bf16' or 'fp16'), the memory format, and why.
+    'auto' picks what the hardware runs natively, so that mixed precision is never slower than fp32."""
+    if device.type == "cuda":
+        native = {"bf16": torch.cuda.is_bf16_supported(including_emulation=False), "fp16": True}
+        name = "%s, compute capability %d.%d" % (torch.cuda.get_device_name(device),
+                                                  *torch.cuda.get_device_capability(device))
+        auto = ("bf16", "the GPU runs bf16 natively: no GradScaler") if native["bf16"] else \
+            ("fp16", "no native bf16 on this GPU: fp16 with GradScaler")
+    else:
+        bf16, name = cpu_bf16_support()
+        native = {"bf16": bf16, "fp16": False}
+        auto = ("bf16", f"this CPU runs bf16 natively: {name}") if bf16 else \
+            ("off", f"this CPU has no native bf16: {name}")
+    amp, why = ("off", "--fp64") if args.fp64 else auto if args.amp == "auto" else (args.amp, f"--amp {args.amp}")
+    if amp != "off" and not native[amp]:
+        why += f"; warning: {name} has no native {amp}, which is emulated there and runs much slower than fp32 " \
+            "(often 10x)"
+    return amp, args.channels_last if args.channels_last is not None else amp != "off", why
+
+
+def cpu_bf16_support():
+    """(native, name): whether this CPU runs bf16 natively (AVX512_BF16 or AMX; elsewhere it is emulated, ~10x
+    slower than fp32), and its capability's name. ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA can hide it."""
+    flags = set()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        flags = set(next((line for line in f if line.startswith("flags")), "").split())
+    aten = torch.backends.cpu.get_cpu_capability()  # what ATen's kernels use: DEFAULT, AVX2, AVX512, ...
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    if isa.startswith(("SSE", "AVX2", "AVX_")) or isa in ("AVX", "AVX512_CORE", "AVX512_CORE_VNNI"):
+        return False, f"{aten}, oneDNN limited to {isa}"
+    native = aten == "AVX512" and ("AMX" if "amx_bf16" in flags else "AVX512_BF16" if "avx512_bf16" in flags else None)
+    return (True, native) if native else (False, aten if aten != "AVX512" else "AVX512 without AVX512_BF16")
+
+
+MAX_PIXELS = 89_478_485  # PIL's decompression-bomb limit: one such image is 0.27 GB in RGB, per loader worker
+
+
+def read_image(path):
+    """RGB uint8 tensor (3, H, W), decoded by torchvision (faster than PIL), or by PIL for what it cannot read.
+    A PNG or JPEG over MAX_PIXELS is refused from its header, before decoding; PIL checks the other formats."""
+    data = torchvision.io.read_file(path)
+    b, size, i = data.numpy().tobytes(), (0, 0), 2
+    if b.startswith(b"\x89PNG\r\n\x1a\n"):
+        size = struct.unpack(">II", b[16:24])
+    while b.startswith(b"\xff\xd8") and i + 9 <= len(b) and b[i] == 0xFF:  # JPEG: segments up to a frame's
+        if 0xC0 <= b[i + 1] <= 0xCF and b[i + 1] not in (0xC4, 0xC8, 0xCC):
+            size = struct.unpack(">HH", b[i + 5:i + 9])[::-1]
+            break
+        i += 1 if b[i + 1] == 0xFF else 2 + struct.unpack(">H", b[i + 2:i + 4])[0]  # a fill byte, or a segment
+    if size[0] * size[1] > MAX_PIXELS:
+        raise UserError(f"{size[0]}x{size[1]} is over the limit of {MAX_PIXELS} pixels (MAX_PIXELS in {SCRIPT})")
+    try:
+        return torchvision.io.decode_image(data, mode=torchvision.io.ImageReadMode.RGB)
+    except RuntimeError:
+        return TF.pil_to_tensor(default_loader(path))
+# ---- end shared: training ----
+
+
+if __name__ == "__main__":
+    main()
