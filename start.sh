@@ -16,8 +16,10 @@ Trains with each backend in turn, each under statistics.sh, and writes
 RESULTS_DIR/benchmark.csv, benchmark.md and benchmark.png (default RESULTS_DIR: results).
 Backends: dataparallel, distributed (torchrun), distributed-launch (python -m
 torch.distributed.launch), multiprocessing (mp.spawn), apex (torchrun, --amp auto: mixed
-precision + channels_last where the hardware runs it natively, else fp32), horovod
-(horovodrun, when horovod.torch imports), slurm (srun, when sinfo shows an idle node).
+precision + channels_last where the hardware runs it natively, else fp32), fsdp (torchrun
+fsdp_distributed.py: FSDP2, each process holding 1/N of the parameters, gradients and momentum;
+tools/fsdp_memory.py measures the memory it saves), horovod (horovodrun, when horovod.torch
+imports), slurm (srun, when sinfo shows an idle node).
 Those that cannot run are listed with the reason. On CPU, tools/cpu_peak.py first measures
 the matmul peak, for the MFU column.
 
@@ -69,7 +71,7 @@ done
 CMDLINE+="bash $PROG"
 for a in "$@"; do CMDLINE+=" $(shell_word "$a")"; done
 RESULTS=${RESULTS:-results}
-BACKENDS=${BACKENDS:-dataparallel,distributed,distributed-launch,multiprocessing,apex,horovod,slurm}
+BACKENDS=${BACKENDS:-dataparallel,distributed,distributed-launch,multiprocessing,apex,fsdp,horovod,slurm}
 while (($#)); do
     case $1 in
         -h|--help) usage; exit 0 ;;
@@ -278,6 +280,8 @@ wanted distributed-launch && run_backend distributed-launch "python -m torch.dis
     --master_port="$(free_port)" distributed.py "${COMMON[@]}" "${THREAD_ARGS[@]}"
 wanted multiprocessing && run_backend multiprocessing "multiprocessing_distributed.py --nprocs $PROCS (mp.spawn)" \
     "${MP_SHAPE[@]}" -- "$PYTHON" multiprocessing_distributed.py --nprocs "$PROCS" "${COMMON[@]}" "${THREAD_ARGS[@]}"
+wanted fsdp && run_backend fsdp "torchrun fsdp_distributed.py (FSDP2)" "${MP_SHAPE[@]}" -- \
+    "$TORCHRUN" --standalone --nproc_per_node="$PROCS" fsdp_distributed.py "${COMMON[@]}" "${THREAD_ARGS[@]}"
 
 if wanted horovod; then
     HVDRUN=$(dirname "$PYTHON")/horovodrun

@@ -34,13 +34,15 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
     out = tmp_path / "results"
-    run(["bash", os.path.join(ROOT, "start.sh"), "-o", str(out), "--only", "dataparallel,distributed,horovod",
+    run(["bash", os.path.join(ROOT, "start.sh"), "-o", str(out), "--only", "dataparallel,distributed,fsdp,horovod",
          "-e", "1", "-b", "12", "-j", "0"],
         env=env(PYTHONPATH=str(tmp_path / "fake"), DATA=tiny_data, IMAGE_SIZE="32"), timeout=600)
     rows = {r["backend"]: r for r in csv.DictReader(open(out / "benchmark.csv"))}
     assert rows["dataparallel"]["status"] == rows["distributed"]["status"] == "ok"
     assert float(rows["dataparallel"]["images_per_s"]) > 0 and float(rows["distributed"]["images_per_s"]) > 0
     assert rows["distributed"]["processes"] == "2"
+    assert rows["fsdp"]["status"] == "ok" and rows["fsdp"]["processes"] == "2"  # FSDP2, torchrun like distributed
+    assert float(rows["fsdp"]["images_per_s"]) > 0
     assert rows["horovod"]["status"] == "skipped" and "install-horovod.sh" in rows["horovod"]["note"]
     # model TFLOP/s of resnet18 at start.sh's 32 px; CPU MFU against the fp32 matmul peak measured first,
     # at each run's threads per process, times its processes
@@ -61,11 +63,14 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
     md = (out / "benchmark.md").read_text()
     assert "loader img/s per core" in md
     assert "| dataparallel |" in md and "horovod" in md and "distributed / dataparallel" in md
+    # the fsdp row, and where its memory against DDP's is measured
+    assert "| fsdp | torchrun fsdp_distributed.py (FSDP2) | 2 |" in md and "## Memory" in md
+    assert "results/fsdp-memory.md" in md and "tools/fsdp_memory.py" in md
     assert "| model TFLOP/s | MFU % |" in md and "GFLOP/s measured fp32 matmul" in md
     assert f"- CPU capability: {peak['capability']}, native bf16: " in md and "GFLOP/s at 1 thread(s)" in md
     # the recorded command reproduces the run: the settings given through the environment come with it
     command = next(line for line in md.splitlines() if line.startswith("- command: `"))
-    assert f"DATA={tiny_data} IMAGE_SIZE=32 bash start.sh -o {out} --only dataparallel,distributed,horovod" \
+    assert f"DATA={tiny_data} IMAGE_SIZE=32 bash start.sh -o {out} --only dataparallel,distributed,fsdp,horovod" \
         in command, command
     # and each run's command is the one a user types in the checkout: no absolute path of it or of the venv
     commands = md[md.index("## Commands"):]
@@ -213,12 +218,13 @@ def fake_gpu_node(tmp_path, gpus=4, cores=32):
 def gpu_mode_commands(tmp_path, tiny_data, **extra):
     bin_dir, rec = fake_gpu_node(tmp_path)
     p = run(["bash", os.path.join(ROOT, "start.sh"), "-o", str(tmp_path / "results"),
-             "--only", "dataparallel,distributed,apex,distributed-launch,multiprocessing,slurm"],
+             "--only", "dataparallel,distributed,apex,distributed-launch,multiprocessing,fsdp,slurm"],
             env=env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHON=str(bin_dir / "python"),
                     TORCHRUN=str(bin_dir / "torchrun"), DATA=tiny_data, **extra), check=False, timeout=300)
     names = {("python", "dataparallel.py"): "dataparallel", ("torchrun", "distributed.py"): "distributed",
              ("torchrun", "apex_distributed.py"): "apex", ("python", "distributed.py"): "launch",
              ("python", "multiprocessing_distributed.py"): "multiprocessing",
+             ("torchrun", "fsdp_distributed.py"): "fsdp",
              ("srun", "distributed_slurm_main.py"): "srun"}
     commands = {}
     for line in (rec.read_text().splitlines() if rec.exists() else []):
@@ -238,14 +244,16 @@ def test_start_sh_gpu_mode_keeps_every_gpu_visible_and_feeds_dataparallel_from_a
                                                                                                   tmp_path):
     p, commands = gpu_mode_commands(tmp_path, tiny_data)
     assert "GPUs 0,1,2,3 (one process each, nccl), -j 8 per process" in p.stdout, p.stdout + p.stderr
-    assert set(commands) == {"dataparallel", "distributed", "apex", "launch", "multiprocessing", "srun"}, commands
+    assert set(commands) == {"dataparallel", "distributed", "apex", "launch", "multiprocessing", "fsdp", "srun"}, \
+        commands
     for name, c in commands.items():  # nvidia-smi's GPU numbers are CUDA's, and every process sees every GPU
         assert (c["order"], c["visible"]) == ("PCI_BUS_ID", "0,1,2,3"), (name, c)
     # 32 cores, 4 GPUs: 8 loader workers per training process; DataParallel's one process feeds all four GPUs
-    for name in "distributed", "apex", "launch", "multiprocessing", "srun":
+    for name in "distributed", "apex", "launch", "multiprocessing", "fsdp", "srun":
         assert option(commands[name]["argv"], "-j") == "8", commands[name]
     assert option(commands["dataparallel"]["argv"], "-j") == "32"
     assert option(commands["distributed"]["argv"], "--nproc_per_node") == "4"
+    assert option(commands["fsdp"]["argv"], "--nproc_per_node") == "4" and "--threads" not in commands["fsdp"]["argv"]
     assert option(commands["multiprocessing"]["argv"], "--nprocs") == "4"
     # srun asks for the node's GPUs, visible to every task (not one hidden GPU per task)
     srun = commands["srun"]["argv"]
@@ -258,6 +266,7 @@ def test_start_sh_gpu_mode_on_chosen_gpus(tiny_data, tmp_path):
     assert "GPUs 1,3 (one process each" in p.stdout, p.stdout + p.stderr
     assert commands["distributed"]["visible"] == "1,3"
     assert option(commands["distributed"]["argv"], "--nproc_per_node") == "2"
+    assert commands["fsdp"]["visible"] == "1,3" and option(commands["fsdp"]["argv"], "--nproc_per_node") == "2"
     assert option(commands["distributed"]["argv"], "-j") == "8"  # min(8, 32 cores / 2 GPUs)
     assert option(commands["dataparallel"]["argv"], "-j") == "16"
     assert option(commands["srun"]["argv"], "--gpus-per-node") == "2"

@@ -4,12 +4,14 @@ checkpoints are the other scripts' checkpoints, both ways.
 Real torchrun processes on CPU (gloo, a CPU device mesh). The equivalence runs use conftest's
 EXACT settings (GroupNorm, no augmentation, float64), as for the other backends.
 """
+import json
 import os
 
 import pytest
 import torch
 
-from conftest import EXACT, PARAM_TOL, PY, TINY, launch_cmd, max_param_diff, metrics, params, run, script, torchrun
+from conftest import (EXACT, PARAM_TOL, PY, ROOT, TINY, launch_cmd, max_param_diff, metrics, params, run, script,
+                      torchrun)
 
 
 def fsdp(nproc, *args):
@@ -82,3 +84,18 @@ def test_batchnorm_over_shards_differs_so_the_equivalence_check_can_fail(referen
     run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, *exact_but_batchnorm,
                                                      "--output-dir", str(tmp_path / "bn1")])
     assert max_param_diff(params(str(tmp_path / "bn1")), params(str(tmp_path / "bn2"))) > 1e-3
+
+
+def test_fsdp_memory_tool_measures_half_the_training_state_per_process_at_two(tmp_path):
+    """tools/fsdp_memory.py runs the scripts' own init_distributed/distribute/forward in torchrun processes:
+    at 2 processes, FSDP's parameters + gradients + momentum per process are about half of DDP's."""
+    out = tmp_path / "memory.json"
+    p = run([PY, os.path.join(ROOT, "tools", "fsdp_memory.py"), "--arch", "resnet18", "--size", "32", "--batch", "4",
+             "--steps", "1", "--json", str(out)], timeout=300)
+    m = json.loads(out.read_text())
+    ddp, fsdp_ = m["ddp"], m["fsdp"]
+    assert ddp["n_params"] == fsdp_["n_params"] == 11_689_512
+    assert ddp["params"] == 4 * ddp["n_params"] and ddp["buckets"] == ddp["grads"] == ddp["params"]  # fp32, whole
+    assert 0.45 < fsdp_["state"] / ddp["state"] < 0.6, (fsdp_["state"], ddp["state"])
+    assert fsdp_["buckets"] == 0 and fsdp_["peak"] > 0
+    assert "| params + grads + momentum |" in p.stdout and "tools/fsdp_memory.py --arch resnet18" in p.stdout

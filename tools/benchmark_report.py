@@ -460,10 +460,28 @@ def write_md(rows, checks, info, args, path):
               "", "## Performance bars", "", "| check | what | bar | measured | result |", "|---|---|---|---|---|"]
     for c in checks:
         lines.append(f"| {c['name']} | {c['what']} | {c['bar']} | {c['text']} | **{verdict(c['ok'])}** |")
+    if any(r["backend"] == "fsdp" for r in rows):
+        lines += ["", "## Memory", "", memory_line(args.memory, args.results)]
     lines += ["", "## Commands", ""]
     lines += [f"- {r['backend']}: `{r['command']}`" for r in rows if r["status"] != "skipped"]
     with open(path, "w") as f:
         f.write("\n".join(l for l in lines if l is not None) + "\n")
+
+
+def memory_line(memory_json, results):
+    """What FSDP saves per process against DDP: from tools/fsdp_memory.py --json, else a pointer to its report."""
+    if memory_json:
+        with open(memory_json) as f:
+            m = json.load(f)
+        d, s = m["ddp"], m["fsdp"]
+        return (f"- fsdp vs distributed (DDP), per process, {m['arch']} at {m['nproc']} processes "
+                f"(tools/fsdp_memory.py): parameters + gradients + momentum {s['state'] / 2**20:.1f} MiB vs "
+                f"{d['state'] / 2**20:.1f} MiB ({s['state'] / d['state']:.2f}x), peak RSS above `import torch` "
+                f"{s['above'] / 2**20:.0f} MiB vs {d['above'] / 2**20:.0f} MiB")
+    report = "fsdp-memory.md"
+    where = report if os.path.isfile(os.path.join(results, report)) else "results/fsdp-memory.md"
+    return (f"- fsdp holds 1/N of the parameters, gradients and momentum per process; what that saves against DDP: "
+            f"{where} (`.venv/bin/python tools/fsdp_memory.py`)")
 
 
 def nice_step(x):
@@ -507,7 +525,8 @@ def write_png(rows, checks, info, args, path):
     if args.config:
         d.text((20, 74), args.config[:190], fill="#444", font=f_small)
     palette = {"dataparallel": "#8c8c8c", "distributed": "#1f77b4", "distributed-launch": "#6baed6",
-               "multiprocessing": "#2ca02c", "apex": "#ff7f0e", "horovod": "#9467bd", "slurm": "#8c564b"}
+               "multiprocessing": "#2ca02c", "apex": "#ff7f0e", "fsdp": "#d62728", "horovod": "#9467bd",
+               "slurm": "#8c564b"}
     panels = [("images/s (higher is better)", "images_per_s", "{:.1f}"),
               ("epoch time, s (lower is better)", "epoch_time_s", "{:.1f}")]
     for p, (title, key, form) in enumerate(panels):
@@ -582,6 +601,8 @@ def main():
                    help="training image size (default: the runs' --image-size, else 224)")
     p.add_argument("--loader-ips", type=float, default=None,
                    help="loader images/s per core on the runs' data (tools/loader_bench.py --quick), for the loader columns")
+    p.add_argument("--memory", metavar="JSON", help="tools/fsdp_memory.py --json output, summarised under Memory "
+                   "(default: a pointer to results/fsdp-memory.md)")
     p.add_argument("--peak-tflops", type=float, default=os.environ.get("PEAK_TFLOPS") or None,
                    help="peak TFLOP/s of the hardware a run uses, total (default: env PEAK_TFLOPS; for GPU runs, "
                         "else the table of dense bf16 peaks by nvidia-smi name; on CPU, none: MFU left blank)")

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Per-process memory of DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), measured on the scripts themselves.
+
+    OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py [--arch resnet152] [--nproc 2] [--batch 4] [--size 64]
+                                                          [--steps 2] [--json PATH] [--md PATH]
+
+For each script, `python -m torch.distributed.run --standalone --nproc_per_node=N tools/fsdp_memory.py --worker
+SCRIPT` starts fresh processes (so each peak RSS is its backend's own). A worker imports the script as a module
+and runs its own code as its training loop does: init_distributed(args, local_rank, rank, world_size),
+create_model, build_optimizer, distribute(model, optimizer, args, device), then --steps SGD steps of
+forward(...), backward and optimizer.step() on random images, on the CPU (gloo). It reports, per process (the
+largest over the ranks): bytes of parameters, gradients and momentum the process holds (FSDP: its local shards,
+DTensor.to_local()), DDP's gradient buckets (a second copy of the gradients: distributed.py leaves
+gradient_as_bucket_view off), resident memory at each stage, and the peak (ru_maxrss) above the RSS after
+`import torch`.
+
+glibc keeps freed blocks below its adaptive mmap threshold for reuse, so RSS overstates what is live: the
+workers run with MALLOC_MMAP_THRESHOLD_=1048576 (unless set), which returns blocks of 1 MiB and more at once
+(65536 made an FSDP run abort at exit, likely vm.max_map_count). FSDP's peak includes the whole model each
+process builds before sharding it, as the training script does (it loads a resumed state into it).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = {"ddp": "distributed.py", "fsdp": "fsdp_distributed.py"}
+MB = 2**20
+COLUMNS = [("params", "parameters"), ("grads", "gradients"), ("momentum", "momentum"),
+           ("state", "params + grads + momentum"), ("buckets", "DDP gradient buckets"),
+           ("total", "all the above"),
+           ("rss_init", "RSS after init_distributed"), ("rss_built", "RSS after model + optimizer"),
+           ("rss_dist", "RSS after distribute"), ("rss_end", "RSS after training"), ("peak", "peak RSS (ru_maxrss)"),
+           ("above", "peak - RSS after import torch")]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arch", default="resnet152", help="torchvision model (default: resnet152)")
+    p.add_argument("--nproc", type=int, default=2, help="processes (default: 2)")
+    p.add_argument("--batch", type=int, default=4, help="global batch (default: 4)")
+    p.add_argument("--size", type=int, default=64, help="image size (default: 64)")
+    p.add_argument("--steps", type=int, default=2, help="SGD steps (default: 2)")
+    p.add_argument("--json", metavar="PATH", help="also write the measurements as JSON")
+    p.add_argument("--md", metavar="PATH", help="also write the report (markdown) to PATH")
+    p.add_argument("--worker", choices=sorted(SCRIPTS), help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def rss():  # resident now, bytes
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def as_typed(path):  # a path as a user types it in the checkout
+    rel = os.path.relpath(os.path.abspath(path), ROOT)
+    return path if rel.startswith("..") else rel
+
+
+def worker(a):
+    import torch  # noqa: F401  (the baseline: what every process pays before any model)
+    rss_torch = rss()
+    import gc
+    import importlib.util
+
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    path = os.path.join(ROOT, SCRIPTS[a.worker])
+    spec = importlib.util.spec_from_file_location(os.path.splitext(SCRIPTS[a.worker])[0], path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rank, world, local_rank = (int(os.environ[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    args = script.build_parser().parse_args(["--dummy", "-a", a.arch, "-b", str(a.batch), "--image-size",
+                                             str(a.size), "--dist-backend", "gloo"])
+    script.resolve_defaults(args, world)
+    device = script.init_distributed(args, local_rank, rank, world)
+    args.amp, args.channels_last, _ = script.choose_precision(args, device)
+    rss_init = rss()
+    torch.manual_seed(args.seed)
+    model = script.create_model(args, 1000)
+    model.to(device, torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
+    optimizer = script.build_optimizer(model, args, device)
+    rss_built = rss()
+    model, optimizer = script.distribute(model, optimizer, args, device)
+    gc.collect()
+    rss_dist = rss()
+    per = a.batch // world
+    model.train()
+    for step in range(a.steps):
+        g = torch.Generator().manual_seed(step * world + rank)
+        images, target = torch.randn(per, 3, a.size, a.size, generator=g), torch.randint(0, 1000, (per,), generator=g)
+        loss, *_ = script.forward(model, images, target, args, device)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    gc.collect()
+
+    def nbytes(tensors):
+        local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors if t is not None]
+        return sum(t.numel() * t.element_size() for t in local)
+
+    buckets = 0
+    if hasattr(model, "_get_ddp_logging_data"):  # DDP: its reducer's buckets, bytes each
+        sizes = model._get_ddp_logging_data().get("bucket_sizes", "")
+        buckets = sum(int(s) for s in str(sizes).split(",") if s.strip())
+    row = dict(n_params=n_params, params=nbytes(model.parameters()), grads=nbytes(p.grad for p in model.parameters()),
+               momentum=nbytes(s.get("momentum_buffer") for s in optimizer.state.values()), buckets=buckets,
+               rss_torch=rss_torch, rss_init=rss_init, rss_built=rss_built, rss_dist=rss_dist, rss_end=rss(),
+               peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+               optimizer=f"{type(optimizer).__module__}.{type(optimizer).__name__}", threads=torch.get_num_threads())
+    row["state"] = row["params"] + row["grads"] + row["momentum"]
+    row["total"] = row["state"] + row["buckets"]
+    row["above"] = row["peak"] - row["rss_torch"]
+    rows = [None] * world
+    dist.all_gather_object(rows, row)
+    if rank == 0:
+        with open(a.result, "w") as f:
+            json.dump({k: max(r[k] for r in rows) if isinstance(row[k], int) else row[k] for k in row}, f)
+    script.shutdown()
+
+
+def measure(a, mode):
+    env = dict(os.environ)
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "1048576")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}",
+               os.path.abspath(__file__), "--worker", mode, "--result", out, "--arch", a.arch,
+               "--batch", str(a.batch), "--size", str(a.size), "--steps", str(a.steps)]
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if p.returncode != 0 or not os.path.isfile(out):
+            sys.exit(f"fsdp_memory.py: {SCRIPTS[mode]} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "?"
+
+
+def report(a, rows, argv, load_before, load_after, wall):
+    import torch
+    ddp, fsdp = rows["ddp"], rows["fsdp"]
+    command = "OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py" + "".join(
+        f" {shlex.quote(as_typed(x) if i and argv[i - 1] in ('--json', '--md') else x)}" for i, x in enumerate(argv))
+    lines = [f"# Memory per process: DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), {a.nproc} processes, CPU",
+             "",
+             f"{a.arch}, {ddp['n_params'] / 1e6:.2f} M parameters (fp32), {a.nproc} processes, global batch "
+             f"{a.batch} ({a.batch // a.nproc} per process) at {a.size} px, {a.steps} SGD step(s) with momentum "
+             f"({fsdp['optimizer']}). MiB per process, the largest over the ranks; FSDP's tensors are its local "
+             "shards (DTensor.to_local()).",
+             "",
+             "| per process (MiB) | DDP | FSDP | FSDP / DDP |", "|---|---:|---:|---:|"]
+    for key, name in COLUMNS:
+        d, f = ddp[key], fsdp[key]
+        lines.append(f"| {name} | {d / MB:.1f} | {f / MB:.1f} | {f'{f / d:.2f}' if d and f else '-'} |")
+    lines += ["",
+              f"- command: `{command}`",
+              f"- date: {datetime.date.today().isoformat()}; {wall:.0f} s in all",
+              f"- machine: {cpu_name()}, {os.cpu_count()} cores; load average before {load_before}, after "
+              f"{load_after}; {ddp['threads']} thread(s) per process; torch {torch.__version__}",
+              f"- MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', '1048576')} in the workers: glibc "
+              "returns freed blocks of 1 MiB and more at once, so RSS shows what is live rather than what the "
+              "allocator keeps for reuse",
+              "- the tensor rows are exact; the RSS rows include the allocator's and the libraries' overhead. "
+              "DDP's gradient buckets are a second copy of the gradients (distributed.py leaves "
+              "gradient_as_bucket_view off). FSDP's peak includes the whole model each process builds before "
+              "sharding it, as fsdp_distributed.py does."]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    a = parse_args()
+    if a.worker:
+        return worker(a)
+    if a.batch < 2 * a.nproc:  # BatchNorm needs 2 samples per process in training
+        sys.exit(f"fsdp_memory.py: --batch {a.batch} gives fewer than 2 images to each of {a.nproc} processes")
+    with open("/proc/loadavg") as f:
+        load_before = " ".join(f.read().split()[:3])
+    t0 = datetime.datetime.now()
+    rows = {mode: measure(a, mode) for mode in SCRIPTS}
+    wall = (datetime.datetime.now() - t0).total_seconds()
+    with open("/proc/loadavg") as f:
+        load_after = " ".join(f.read().split()[:3])
+    text = report(a, rows, sys.argv[1:], load_before, load_after, wall)
+    print(text, end="")
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(arch=a.arch, nproc=a.nproc, batch=a.batch, size=a.size, steps=a.steps, **rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
