@@ -161,9 +161,9 @@ def distribute(model, optimizer, args, device):
     names = [n for n, _ in inner.named_parameters()]
     inner.to(memory_format=torch.contiguous_format)  # FSDP shards no channels_last parameters (inputs may be)
     policy = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if args.amp == "bf16" else MixedPrecisionPolicy()
-    norms = [m for m in inner.modules() if isinstance(m, (nn.modules.batchnorm._NormBase, nn.GroupNorm)) and m.weight
-             is not None]  # BatchNorm's bf16 weights would fail against its fp32 running statistics: under bf16,
-    if policy.param_dtype and norms:  # the norm layers keep fp32 weights, in one group for the whole model
+    norms = [m for m in inner.modules() if isinstance(m, (nn.modules.batchnorm._NormBase, nn.GroupNorm))
+             and m.weight is not None]
+    if policy.param_dtype and norms:  # bf16 norm weights fail against fp32 running statistics: one fp32 group
         fully_shard(norms, mesh=mesh, mp_policy=MixedPrecisionPolicy(output_dtype=torch.bfloat16))
     for block in [b for m in inner.children() if isinstance(m, nn.Sequential) for b in m if list(b.parameters())]:
         fully_shard(block, mesh=mesh, mp_policy=policy)
@@ -236,9 +236,9 @@ def main_worker(local_rank, rank, world_size, args):
 
 def train_and_evaluate(args, device, local_rank, rank, world_size):
     args.amp, args.channels_last, why = choose_precision(args, device)
-    if args.deterministic:  # cuBLAS needs a fixed workspace; kernels without a deterministic version
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # (adaptive pooling's backward on CUDA)
-        torch.use_deterministic_algorithms(True, warn_only=True)  # warn instead of stopping the run
+    if args.deterministic:  # kernels that have no deterministic version (a few on CUDA) warn, not fail
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS needs a fixed workspace
+        torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = not args.deterministic
     train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
     train_loader, train_sampler, val_loader = build_loaders(train_set, val_set, args, rank, world_size, device)
@@ -339,8 +339,8 @@ def train(loader, model, optimizer, scaler, epoch, args, device, rank, world_siz
         sums[1] += top1
         sums[2] += n  # an in-place add of a Python number: no host-to-device copy, so no wait
         if i % args.print_freq == 0 or i == steps - 1:
-            if STOP:  # the signal reaches the processes at different steps: the flag rides along in this
-                sums[3] = 1  # reduction, and all processes stop after the first print step that sees it
+            if STOP:  # SIGUSR1's flag rides in this reduction: every process stops after the same step
+                sums[3] = 1
             total = all_reduce_sum(sums.clone()).tolist()
             if rank == 0:
                 print(f"Epoch [{epoch}][{i + 1}/{steps}] loss {total[0] / total[2]:.4f} acc@1 "
