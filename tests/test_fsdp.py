@@ -31,10 +31,19 @@ def reference(tiny_data, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def fsdp_runs(tiny_data, tmp_path_factory):
+    """FSDP runs of one epoch, made once: by process count."""
+    def make(nproc):
+        out = str(tmp_path_factory.mktemp(f"fsdp{nproc}"))
+        run(fsdp(nproc, "--data", tiny_data, *TINY, *EXACT, "--output-dir", out))
+        return out
+    return {n: make(n) for n in (2, 3)}
+
+
 @pytest.mark.parametrize("nproc", [2, 3])
-def test_sharded_training_gives_the_single_process_parameters_and_momentum(reference, tiny_data, tmp_path, nproc):
-    out = str(tmp_path)
-    run(fsdp(nproc, "--data", tiny_data, *TINY, *EXACT, "--output-dir", out))
+def test_sharded_training_gives_the_single_process_parameters_and_momentum(reference, fsdp_runs, nproc):
+    out = fsdp_runs[nproc]
     row = metrics(out)[-1]
     assert row["world_size"] == nproc and row["val_images"] == 101  # 101 = 34 + 34 + 33: every image once
     assert row["val_acc1"] == metrics(reference)[-1]["val_acc1"]
@@ -43,12 +52,11 @@ def test_sharded_training_gives_the_single_process_parameters_and_momentum(refer
     assert max_param_diff(momentum(reference), momentum(out)) < PARAM_TOL
 
 
-def test_checkpoints_resume_exactly_and_move_between_fsdp_and_ddp(reference, tiny_data, tmp_path):
+def test_checkpoints_resume_exactly_and_move_between_fsdp_and_ddp(reference, fsdp_runs, tiny_data, tmp_path):
     two_epochs = [*TINY[:-4], "--epochs", "2", "-p", "100"]
     assert TINY[-4:-2] == ["--epochs", "1"]
     run(fsdp(2, "--data", tiny_data, *two_epochs, *EXACT, "--output-dir", str(tmp_path / "straight")))
-    run(fsdp(2, "--data", tiny_data, *TINY, *EXACT, "--output-dir", str(tmp_path / "first")))
-    first = str(tmp_path / "first" / "checkpoint.pth.tar")
+    first = os.path.join(fsdp_runs[2], "checkpoint.pth.tar")  # epoch 0 at 2 processes
     # stopped after epoch 0 and resumed: bit for bit the run that never stopped
     run(fsdp(2, "--data", tiny_data, *two_epochs, *EXACT, "--resume", first, "--output-dir", str(tmp_path / "again")))
     assert max_param_diff(params(str(tmp_path / "straight")), params(str(tmp_path / "again"))) == 0.0
@@ -63,7 +71,7 @@ def test_checkpoints_resume_exactly_and_move_between_fsdp_and_ddp(reference, tin
     # and distributed.py evaluates the FSDP checkpoint to the Acc@1 FSDP measured
     run([PY, script("distributed.py"), "--data", tiny_data, *TINY, *EXACT, "--evaluate", "--resume", first,
          "--output-dir", str(tmp_path / "eval")])
-    assert metrics(str(tmp_path / "eval"))[-1]["val_acc1"] == metrics(str(tmp_path / "first"))[-1]["val_acc1"]
+    assert metrics(str(tmp_path / "eval"))[-1]["val_acc1"] == metrics(fsdp_runs[2])[-1]["val_acc1"]
 
 
 def test_bf16_policy_keeps_batchnorm_in_fp32_and_trains(tiny_data, tmp_path):
