@@ -17,7 +17,6 @@ import datetime
 import hashlib
 import io
 import json
-import math
 import os
 import random
 import re
