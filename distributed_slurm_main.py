@@ -8,8 +8,8 @@
 Ranks come from SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID; tasks meet over TCP at the first node
 or in a --dist-file; a node's only task spawns a process per GPU it sees. In every case
 each process trains a replica on its shard of every batch and DDP averages gradients.
-Everything below "shared" markers is the same, line for line, in all the scripts of
-this project: `diff distributed.py <other>.py` shows what another backend changes.
+Everything between "shared" markers is the same, line for line, in all the scripts of this
+project: `diff distributed.py <script>.py` shows exactly what another backend changes.
 """
 import argparse
 import contextlib
@@ -17,20 +17,22 @@ import datetime
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import re
 import resource
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
 
 import numpy as np
+import PIL.Image
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.elastic.multiprocessing.errors import record
 import torch.multiprocessing as mp
 import torch.nn as nn
@@ -69,6 +71,13 @@ def build_parser():
     p.add_argument("-b", "--batch-size", type=int, help="global batch, split evenly across processes (default: 256)")
     p.add_argument("--lr", "--learning-rate", type=float, dest="lr", help="default: 0.1 x global batch / 256")
     p.add_argument("--lr-step", type=int, default=30, help="divide the learning rate by 10 every N epochs")
+    p.add_argument("--warmup-epochs", type=float, help="raise the learning rate linearly, step by step, from near 0 "
+                   "over W epochs (default: 1 per doubling of -b above 256, at most 5: docs/options.md)")
+    p.add_argument("--gradient-accumulation-steps", "--accum-steps", type=int, default=1, dest="accum_steps",
+                   metavar="K", help="K micro-batches per optimizer step, one gradient exchange: -b is split over "
+                   "processes x K")
+    p.add_argument("--grad-compression", choices=["none", "fp16", "bf16"], default="none",
+                   help="send gradients between processes in 16 bits (averaged back into fp32 weights)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--wd", "--weight-decay", type=float, default=1e-4, dest="weight_decay")
     p.add_argument("-p", "--print-freq", type=int, default=10, help="print every N steps (the only host syncs)")
@@ -113,12 +122,20 @@ def resolve_defaults(args, world_size):
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.lr = 0.1 * args.batch_size / 256 if args.lr is None else args.lr
+    if args.warmup_epochs is None:  # Goyal et al. 2017 warmed up 5 epochs at 8k: an epoch a doubling up to there
+        args.warmup_epochs = float(min(5, max(0, math.ceil(math.log2(max(args.batch_size, 1) / 256)))))
 
 
 # ---- end shared: options ----
 
 
 # ---- backend: DistributedDataParallel, processes started by Slurm's srun ----
+# Every script defines these; the shared loop below calls nothing else of its backend:
+#   main() starts the processes; init_distributed(args, local_rank, rank, world_size) -> device;
+#   distribute(model, optimizer, args, device) -> the model and optimizer to train with; no_sync(model) -> a context
+#   in which backward() accumulates without communicating; full_state(model, optimizer) -> what a checkpoint saves;
+#   sync_batchnorm(model) -> model; all_reduce_sum(tensor) -> tensor summed over processes; prefetch(batches,
+#   device) -> batches; shutdown().
 def add_backend_args(p):
     p.add_argument("--dist-file", help="meet in the file DIST_FILE.JOB.STEP on a filesystem all nodes share, not TCP")
     p.add_argument("--spawn", action="store_true", help="a node's only task spawns a process per GPU (default with 2+)")
@@ -191,7 +208,14 @@ def init_distributed(args, local_rank, rank, world_size):
 
 def distribute(model, optimizer, args, device):
     ids = [device.index] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=ids), optimizer
+    model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    if args.grad_compression != "none":  # each bucket is all-reduced in 16 bits, then cast back for the optimizer
+        model.register_comm_hook(None, getattr(default_hooks, f"{args.grad_compression}_compress_hook"))
+    return model, optimizer
+
+
+def no_sync(model):  # gradient accumulation: DDP all-reduces in the backward pass after this context
+    return model.no_sync()
 
 
 def full_state(model, optimizer):  # called in every process; rank 0 saves what it returns
@@ -219,13 +243,16 @@ def shutdown():
 # ---- shared: training (copied from distributed.py; tools/sync_shared.py keeps copies equal) ----
 ######## The loop: set-up, the epochs, train, validate, checkpoints ########
 
+STOP = []  # SIGUSR1 (Slurm's warning before a time limit or preemption) appends to it: all stop at one step
+
+
 def main_worker(local_rank, rank, world_size, args):
     try:  # every process checks alike, before any process group exists: bad input leaves no one waiting
         check_args(args, world_size)
     except UserError:
         report_once(rank)
         raise
-    signal.signal(signal.SIGUSR1, lambda *_: STOP.append(1))  # Slurm's warning before a time limit or preemption
+    signal.signal(signal.SIGUSR1, lambda *_: STOP.append(1))
     device = init_distributed(args, local_rank, rank, world_size)
     try:
         train_and_evaluate(args, device, local_rank, rank, world_size)
@@ -258,7 +285,8 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
     resume = os.path.join(args.output_dir, "checkpoint.pth.tar")
     resume = resume if args.auto_resume and os.path.isfile(resume) else args.resume
     if resume:
-        start_epoch, best_acc1, start_sample = load_checkpoint(resume, model, optimizer, scaler, args, num_classes)
+        start_epoch, best_acc1, start_sample = load_checkpoint(resume, model, optimizer, scaler, args, num_classes,
+                                                               len(train_set))
     bare_model = model  # validation and checkpoints use the model before compiling and wrapping
     if args.compile:  # compile the inner model, then wrap it (PyTorch's advice for DDP)
         model = torch.compile(model)
@@ -266,22 +294,25 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
     eval_model = model if isinstance(model, nn.DataParallel) else bare_model  # DDP's forward would sync buffers
     if rank == 0:  # the settings in effect, and why
         opt, amp = type(optimizer), "fp64" if args.fp64 else "fp32" if args.amp == "off" else args.amp
+        per_process, k = args.batch_size // world_size, args.accum_steps
         print(f"{SCRIPT}: amp: {amp} ({why}), channels_last {'on' if args.channels_last else 'off'}, optimizer "
               f"{opt.__module__}.{opt.__name__}{' (fused)' if optimizer.defaults.get('fused') else ''}; {world_size} "
               f"process(es), backend {args.dist_backend}, device {device.type}, {args.arch}, {torch.get_num_threads()} "
-              f"thread(s); batch {args.batch_size // world_size} per process, {args.epochs} epochs, lr {args.lr:g} "
-              f"(/10 every {args.lr_step} epochs), weight decay {args.weight_decay:g}, {args.workers} loader workers "
-              f"per process ({'demo settings' if args.demo else 'ImageNet recipe'}); start epoch {start_epoch}"
+              f"thread(s); batch {per_process} per process{f' in {k} micro-batches of {per_process // k}' * (k > 1)}"
+              f", gradients sent in {'fp32' if args.grad_compression == 'none' else args.grad_compression}, "
+              f"{args.epochs} epochs, lr {args.lr:g} (warmup {args.warmup_epochs:g} epochs, /10 every {args.lr_step}), "
+              f"weight decay {args.weight_decay:g}, {args.workers} loader workers per process "
+              f"({'demo settings' if args.demo else 'ImageNet recipe'}); start epoch {start_epoch}"
               f"{f' at sample {start_sample}' if start_sample else ''}", flush=True)
     if note:  # after the settings: the run's first line says what it runs, and why
         print(note, flush=True)
 
     def checkpoint(epoch, samples=0, is_best=False):  # the epoch to start at, and the samples of it trained
         model_state, optimizer_state = full_state(bare_model, optimizer)
-        if rank == 0:
-            save_checkpoint(dict(epoch=epoch, samples=samples, arch=args.arch, num_classes=num_classes,
-                                 model=model_state, optimizer=optimizer_state, scaler=scaler.state_dict(),
-                                 best_acc1=best_acc1), is_best, args.output_dir)
+        if rank == 0:  # seed and images fix the epoch's order, which a mid-epoch resume must continue
+            save_checkpoint(dict(epoch=epoch, samples=samples, seed=args.seed, images=len(train_set), arch=args.arch,
+                                 num_classes=num_classes, model=model_state, optimizer=optimizer_state,
+                                 scaler=scaler.state_dict(), best_acc1=best_acc1), is_best, args.output_dir)
 
     if args.evaluate:
         val = validate(val_loader, eval_model, args, device, rank)
@@ -293,9 +324,6 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
-        lr = args.lr * 0.1 ** (epoch // args.lr_step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
         stats, stopped_at = train(train_loader, model, optimizer, scaler, epoch, args, device, rank, world_size)
         if stats is None:  # every process stops after the same step: save it, to go on from the next sample
             checkpoint(epoch, stopped_at)
@@ -307,48 +335,56 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         val = validate(val_loader, eval_model, args, device, rank)
         is_best, best_acc1 = val["val_acc1"] > best_acc1, max(val["val_acc1"], best_acc1)
         checkpoint(epoch + 1, 0, is_best)
-        log_metrics(args, rank, dict(script=SCRIPT, world_size=world_size, epoch=epoch, lr=lr, amp=args.amp,
-                                     arch=args.arch, batch_size=args.batch_size, device=device.type,
+        log_metrics(args, rank, dict(script=SCRIPT, world_size=world_size, epoch=epoch, amp=args.amp, arch=args.arch,
+                                     batch_size=args.batch_size, accum_steps=args.accum_steps, device=device.type,
                                      threads=torch.get_num_threads(), **stats, **val))
         if stopped_at:  # asked to stop in the epoch's last step: its checkpoint is saved
             return
 
 
 def train(loader, model, optimizer, scaler, epoch, args, device, rank, world_size):
-    """One epoch, or the rest of one. Returns its statistics (None: stopped mid-epoch) and, when the processes
-    were asked to stop (SIGUSR1), the samples of the epoch trained."""
+    """One epoch, or the rest of one: --gradient-accumulation-steps K micro-batches, then one optimizer step.
+    Returns its statistics (None: stopped mid-epoch) and, when SIGUSR1 stopped it, the samples of the epoch trained."""
     model.train()
-    # running sums stay on the device, since reading them (.item()) would make the host wait every step:
-    # loss x n, top-1 hits, n, and the number of processes asked to stop, added up on print steps
+    k_steps, start, global_batch = args.accum_steps, loader.sampler.start, args.batch_size
+    steps = len(loader) // k_steps
+    if steps == 0:  # resumed after the epoch's last full batch (e.g. with a larger -b): the epoch is done
+        if rank == 0:
+            print(f"Epoch [{epoch}]: no full batch of {global_batch} left after sample {start}: done", flush=True)
+        return {}, 0
+    # loss x n, top-1 and top-5 hits, n (as in validate) summed on the device, since reading them (.item()) would
+    # make the host wait every step; added up over the processes, with the stop flag, on print steps only
     sums = torch.zeros(4, dtype=torch.float64, device=device)
-    start, global_batch, steps = loader.sampler.start, loader.batch_size * world_size, len(loader)
     warmup = min(2, steps - 1)  # steps left out of images/s: allocator and cudnn warm-up, compilation
     data_time, t_start = 0.0, time.perf_counter()
     t_fetch = t_warm = t_start
     for i, (images, target) in enumerate(prefetch(start_workers(loader), device)):
         data_time += time.perf_counter() - t_fetch
-        if i == warmup:
-            t_warm = time.perf_counter()
-        loss, top1, _, n = forward(model, images, target, args, device)
-        optimizer.zero_grad()  # sets the gradients to None: no memset
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        step, k = divmod(i, k_steps)
+        if k == 0:
+            t_warm = time.perf_counter() if step == warmup else t_warm
+            lr = set_learning_rate(optimizer, args, epoch, (start + (step + 1) * global_batch) / loader.sampler.n)
+        with no_sync(model) if k < k_steps - 1 else contextlib.nullcontext():  # one exchange, in the last backward
+            loss, top1, top5, n = forward(model, images, target, args, device)
+            scaler.scale(loss / k_steps).backward()
         sums[0] += loss.detach().double() * n
         sums[1] += top1
-        sums[2] += n  # an in-place add of a Python number: no host-to-device copy, so no wait
-        if i % args.print_freq == 0 or i == steps - 1:
-            if STOP:  # SIGUSR1's flag rides in this reduction: every process stops after the same step
-                sums[3] = 1
-            total = all_reduce_sum(sums.clone()).tolist()
-            if rank == 0:
-                print(f"Epoch [{epoch}][{i + 1}/{steps}] loss {total[0] / total[2]:.4f} acc@1 "
-                      f"{100 * total[1] / total[2]:.2f} {(time.perf_counter() - t_start) / (i + 1):.3f} s/step",
-                      flush=True)
-            if total[3] > 0 and i < steps - 1:
-                return None, start + (i + 1) * global_batch
+        sums[2] += top5
+        sums[3] += n  # an in-place add of a Python number: no host-to-device copy, so no wait
+        if k == k_steps - 1:
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()  # sets the gradients to None: the next backward writes them, no memset
+            if step % args.print_freq == 0 or step == steps - 1:
+                total = all_reduce_sum(torch.cat([sums, sums.new_tensor([len(STOP)])])).tolist()
+                if rank == 0:
+                    print(f"Epoch [{epoch}][{step + 1}/{steps}] loss {total[0] / total[3]:.4f} acc@1 "
+                          f"{100 * total[1] / total[3]:.2f} lr {lr:.6g} "
+                          f"{(time.perf_counter() - t_start) / (step + 1):.3f} s/step", flush=True)
+                if total[4] and step < steps - 1:  # a process got SIGUSR1: every process stops after this step
+                    return None, start + (step + 1) * global_batch
         t_fetch = time.perf_counter()
-    total = all_reduce_sum(sums).tolist()  # reading the sums waits for the GPU: the times below include its work
+    # the last step printed, so `total` holds the epoch's sums: reading them waited for the GPU's work
     elapsed, timed = time.perf_counter() - t_start, time.perf_counter() - t_warm
     warm_s = t_warm - t_start  # its time beyond that of as many ordinary steps: compiling
     compile_s = max(0.0, warm_s - warmup * timed / max(steps - warmup, 1)) if args.compile else None
@@ -356,10 +392,21 @@ def train(loader, model, optimizer, scaler, epoch, args, device, rank, world_siz
         print(f"compile: {compile_s:.1f} s in the first {warmup} step(s), left out of images/s", flush=True)
     peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else \
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return dict(train_loss=total[0] / total[2], train_acc1=100 * total[1] / total[2],
-                train_images_per_s=(total[2] - warmup * global_batch) / timed, epoch_time_s=elapsed,
+    return dict(train_loss=total[0] / total[3], train_acc1=100 * total[1] / total[3], lr=lr,
+                train_images_per_s=(total[3] - warmup * global_batch) / timed, epoch_time_s=elapsed,
                 data_wait_frac=data_time / elapsed, peak_memory_mb=peak_mb, warmup_s=warm_s, compile_s=compile_s), \
-        start + steps * global_batch if total[3] > 0 else 0
+        start + steps * global_batch if total[4] else 0
+
+
+def set_learning_rate(optimizer, args, epoch, done):
+    """The step schedule (/10 every --lr-step epochs), raised linearly over the first --warmup-epochs: `done` is
+    the part of this epoch's images trained once this step is, so a resumed run, whatever its -b, goes on alike."""
+    lr = args.lr * 0.1 ** (epoch // args.lr_step)
+    if epoch + done < args.warmup_epochs:
+        lr *= (epoch + done) / args.warmup_epochs
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
 
 
 @torch.no_grad()
@@ -433,7 +480,7 @@ def save_checkpoint(state, is_best, output_dir):
             raise UserError(f"cannot write {path}: {e.strerror or e} ({kept})") from None
 
 
-def load_checkpoint(path, model, optimizer, scaler, args, num_classes):
+def load_checkpoint(path, model, optimizer, scaler, args, num_classes, images):
     """Loads the checkpoints of every script here, whatever their --amp, and pytorch/examples' (whose names
     DataParallel and DDP prefix with "module."). Returns the epoch, best Acc@1 and samples trained of it."""
     try:
@@ -449,6 +496,10 @@ def load_checkpoint(path, model, optimizer, scaler, args, num_classes):
     if ckpt.get("arch") != args.arch or classes != num_classes:
         raise UserError(f"checkpoint {path} is for {ckpt.get('arch')} with {classes} classes, "
                         f"not --arch {args.arch} with {num_classes}")
+    order = ckpt.get("seed", args.seed), ckpt.get("images", images)  # what shuffled the stopped epoch
+    if ckpt.get("samples") and order != (args.seed, images) and not args.evaluate:
+        raise UserError(f"checkpoint {path} stopped mid-epoch in the order of --seed {order[0]} over {order[1]} "
+                        f"training images: resume it with those, not --seed {args.seed} over {images}")
     try:
         model.load_state_dict(weights)
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -505,9 +556,10 @@ def build_datasets(args, local_rank, rank):
     train_tf, val_tf = transforms(args.image_size, args.augment)
     if args.dummy:
         return FakeData(1280, args.image_size, 1000), FakeData(256, args.image_size, 1000), 1000, ""
-    train_samples, index = list_images(os.path.join(args.data, "train"))
-    val_samples = list_images(os.path.join(args.data, "val"))[0]
-    how = f"read the image lists from {index}" if index else "listed the images"  # one line a node, naming the host
+    (train_samples, index, why), (val_samples, _, val_why) = [list_images(os.path.join(args.data, split))
+                                                              for split in ("train", "val")]
+    how = f"read the image lists from {os.path.dirname(index)}" if index else "listed the images" + \
+        (f" ({why or val_why})" if why or val_why else "")  # one line a node, naming the host
     note = f"rank {rank} on {socket.gethostname()}: {how}: {len(train_samples['targets'])} train, " \
         f"{len(val_samples['targets'])} val" if local_rank == 0 else ""
     train = ImageList(os.path.join(args.data, "train"), train_samples, train_tf)
@@ -515,29 +567,59 @@ def build_datasets(args, local_rank, rank):
 
 
 def list_images(folder):
-    """The samples of an ImageFolder tree, and the folder of the index they came from. Listing ImageNet takes
-    minutes on a network filesystem: an index made once (tools/index_images.py here) is read while current."""
-    classes = sorted(d.name for d in os.scandir(folder) if d.is_dir())
-    for index in index_paths(folder, classes):
-        with contextlib.suppress(Exception), np.load(index) as z:  # absent or damaged: list the folder
-            return {k: z[k] for k in ("paths", "offsets", "targets", "classes")}, os.path.dirname(index)
-    paths, targets = [], []
-    for target, c in enumerate(classes):
-        for dirpath, _, files in sorted(os.walk(os.path.join(folder, c), followlinks=True)):
-            paths += [os.path.join(os.path.relpath(dirpath, folder), f) for f in sorted(files)
-                      if f.lower().endswith(IMG_EXTENSIONS)]
-            targets += [target] * (len(paths) - len(targets))
+    """The samples of an ImageFolder tree, the index they were read from (None: listed) and why none was used.
+    Listing ImageNet takes minutes on a network filesystem: an index (tools/index_images.py) is read instead while
+    every folder it listed has the modification time it had before it was listed, which adding, removing or
+    renaming an image in it changes (a new folder changes its parent's)."""
+    why = ""
+    for index in index_paths(folder):
+        try:
+            with np.load(index) as z:
+                samples = {k: z[k] for k in ("paths", "offsets", "targets", "classes", "folders", "mtimes")}
+        except Exception:  # none there (the usual case), or damaged: the next place, or list the folder
+            why = why or (f"{index} is damaged" if os.path.exists(index) else "")
+            continue
+        changed = [f for f, t in zip(samples["folders"], samples["mtimes"]) if folder_time(folder, f) != t]
+        if not changed:
+            return samples, index, ""
+        why = f"{index} is out of date, {os.path.join(folder, changed[0])} changed: run tools/index_images.py"
+    folders, mtimes, paths, targets = [], [], [], []
+    for rel, mtime, files in walk(folder):
+        folders.append(rel)
+        mtimes.append(mtime)
+        if rel != ".":  # a class is a folder in `folder`, and its images are every image below it
+            paths += [os.path.join(rel, f) for f in files if f.lower().endswith(IMG_EXTENSIONS)]
+            targets += [rel.split(os.sep)[0]] * (len(paths) - len(targets))
     if not paths:
         raise UserError(f"{folder} has no images ({', '.join(IMG_EXTENSIONS[:3])}, ...)")
-    return pack_samples(paths, targets, classes), None
+    classes = sorted(f for f in folders if os.sep not in f and f != ".")
+    number = {c: i for i, c in enumerate(classes)}
+    return dict(pack_samples(paths, [number[c] for c in targets], classes), folders=np.asarray(folders, dtype=str),
+                mtimes=np.asarray(mtimes, dtype=np.int64)), None, why
 
 
-def index_paths(folder, classes):
-    """Beside the data, or in the user's cache for read-only data. The name holds a key of the real path and the
-    class folders' names and modification times, which change when images are added, removed or renamed."""
+def walk(root, rel="."):
+    """(folder relative to root, its modification time taken before reading it, its file names) for root and every
+    folder below it, depth first in sorted order: a change made while it lists changes a time taken."""
+    mtime = os.stat(os.path.join(root, rel)).st_mtime_ns
+    entries = sorted(os.scandir(os.path.join(root, rel)), key=lambda e: e.name)
+    yield rel, mtime, [e.name for e in entries if not e.is_dir()]
+    for e in entries:
+        if e.is_dir():
+            yield from walk(root, os.path.normpath(os.path.join(rel, e.name)))
+
+
+def folder_time(root, rel):
+    try:
+        return os.stat(os.path.join(root, rel)).st_mtime_ns
+    except OSError:
+        return -1  # gone
+
+
+def index_paths(folder):
+    """Beside the data, or in the user's cache for read-only data; named after the folder's real path."""
     real = os.path.realpath(folder)
-    key = json.dumps(["v2", real, [(c, os.stat(os.path.join(folder, c)).st_mtime_ns) for c in classes]])
-    name = f"index-{os.path.basename(real)}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.npz"
+    name = f"index-{os.path.basename(real)}-{hashlib.sha1(json.dumps(['v3', real]).encode()).hexdigest()[:16]}.npz"
     home = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytorch-distributed")
     return [os.path.join(os.path.dirname(real), ".image-lists", name), os.path.join(home, name)]
 
@@ -626,13 +708,13 @@ class EpochSampler(torch.utils.data.Sampler):
 
 
 def build_loaders(train_set, val_set, args, rank, world_size, device):
-    per_process = args.batch_size // world_size
+    per_process = args.batch_size // world_size  # a share of each global batch, in --accum-steps micro-batches
     train_sampler = EpochSampler(len(train_set), rank, world_size, per_process, args.seed)
     # validation: process r takes images r, r+W, r+2W, ...: each counted once (DistributedSampler pads)
     val_indices = range(rank, len(val_set), world_size)
     # loader workers persist across epochs, forked where the OS can (spawned, each would import torch again)
     method = args.loader_start_method or ("fork" if "fork" in torch.multiprocessing.get_all_start_methods() else None)
-    common = dict(batch_size=per_process, num_workers=args.workers, pin_memory=device.type == "cuda",
+    common = dict(batch_size=per_process // args.accum_steps, num_workers=args.workers, pin_memory=device.type == "cuda",
                   multiprocessing_context=method if args.workers > 0 else None, persistent_workers=args.workers > 0)
     return (torch.utils.data.DataLoader(train_set, sampler=train_sampler, **common), train_sampler,
             torch.utils.data.DataLoader(val_set, sampler=val_indices, **common))
@@ -670,15 +752,19 @@ def report_once(rank):
 def check_args(args, world_size):
     """Checks that every process can make alike, before any process group exists."""
     resolve_defaults(args, world_size)
-    flags = {"workers": "-j/--workers", "batch_size": "-b/--batch-size", "print_freq": "-p/--print-freq"}
+    flags = {"workers": "-j/--workers", "batch_size": "-b/--batch-size", "print_freq": "-p/--print-freq",
+             "accum_steps": "--gradient-accumulation-steps"}
     for name, low in dict(image_size=1, workers=0, batch_size=1, epochs=0, start_epoch=0, lr_step=1, print_freq=1,
-                          threads=0, lr=0, momentum=0, weight_decay=0, dist_timeout=1).items():
+                          threads=0, lr=0, momentum=0, weight_decay=0, dist_timeout=1, accum_steps=1,
+                          warmup_epochs=0).items():
         if getattr(args, name) < low:
             raise UserError(f"{flags.get(name, '--' + name.replace('_', '-'))} must be at least {low}, not "
                             f"{getattr(args, name)}")
-    if args.batch_size < world_size:
-        raise UserError(f"--batch-size {args.batch_size} is smaller than the world size {world_size}: "
-                        "every process needs at least one sample per step")
+    parts = world_size * args.accum_steps  # a global batch is split evenly, or the lr would be scaled for another
+    if args.batch_size % parts:
+        fits = [b for b in (args.batch_size // parts * parts, (args.batch_size // parts + 1) * parts) if b]
+        raise UserError(f"-b {args.batch_size} does not split into {world_size} process(es) x {args.accum_steps} "
+                        f"micro-batch(es) of equal size: use -b {' or -b '.join(map(str, fits))}")
     if args.arch not in models.list_models(module=models):
         raise UserError(f"unknown --arch {args.arch!r}; see torchvision.models.list_models()")
     args.dist_backend = args.dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -722,9 +808,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-STOP = []  # non-empty once this process got SIGUSR1: all processes stop at the next print step
 
 
 def start_workers(loader):
@@ -772,22 +855,21 @@ def cpu_bf16_support():
 
 
 MAX_PIXELS = 89_478_485  # PIL's decompression-bomb limit: one such image is 0.27 GB in RGB, per loader worker
+PIL.Image.MAX_IMAGE_PIXELS = None  # read_image applies the bound itself, to every format, with its own message
 
 
 def read_image(path):
     """RGB uint8 tensor (3, H, W), decoded by torchvision (faster than PIL), or by PIL for what it cannot read.
-    A PNG or JPEG over MAX_PIXELS is refused from its header, before decoding; PIL checks the other formats."""
+    The size is read from the header, by PIL, which knows the format from the bytes whatever the extension says,
+    and an image over MAX_PIXELS is refused before any decoder allocates it."""
     data = torchvision.io.read_file(path)
-    b, size, i = data.numpy().tobytes(), (0, 0), 2
-    if b.startswith(b"\x89PNG\r\n\x1a\n"):
-        size = struct.unpack(">II", b[16:24])
-    while b.startswith(b"\xff\xd8") and i + 9 <= len(b) and b[i] == 0xFF:  # JPEG: segments up to a frame's
-        if 0xC0 <= b[i + 1] <= 0xCF and b[i + 1] not in (0xC4, 0xC8, 0xCC):
-            size = struct.unpack(">HH", b[i + 5:i + 9])[::-1]
-            break
-        i += 1 if b[i + 1] == 0xFF else 2 + struct.unpack(">H", b[i + 2:i + 4])[0]  # a fill byte, or a segment
-    if size[0] * size[1] > MAX_PIXELS:
-        raise UserError(f"{size[0]}x{size[1]} is over the limit of {MAX_PIXELS} pixels (MAX_PIXELS in {SCRIPT})")
+    try:
+        with PIL.Image.open(io.BytesIO(data.numpy())) as header:  # parses the header only
+            width, height = header.size
+    except PIL.UnidentifiedImageError:
+        raise UserError("not an image format whose size can be read before decoding") from None
+    if width * height > MAX_PIXELS:
+        raise UserError(f"{width}x{height} is over the limit of {MAX_PIXELS} pixels (MAX_PIXELS in {SCRIPT})")
     try:
         return torchvision.io.decode_image(data, mode=torchvision.io.ImageReadMode.RGB)
     except RuntimeError:

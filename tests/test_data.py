@@ -4,6 +4,7 @@ data reads instead of listing the folders.
 
 These import distributed.py and the tool as modules and drive their data functions directly.
 """
+import glob
 import multiprocessing
 import os
 import shutil
@@ -136,14 +137,15 @@ def test_index_beside_the_data_is_read_and_never_stale(tiny_data, tmp_path, monk
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     data = copy_data(tiny_data, tmp_path / "d")
     train = os.path.join(data, "train")
-    listed, where = distributed.list_images(train)
+    listed, where, _ = distributed.list_images(train)
     assert where is None and len(listed["targets"]) == 48
     assert not os.path.exists(os.path.join(data, ".image-lists"))  # a training process writes no index
     path, _ = index_images.index(train)
     assert os.listdir(os.path.join(data, ".image-lists")) == [os.path.basename(path)]
-    again, where = distributed.list_images(train)
-    assert where == os.path.join(data, ".image-lists")
+    again, where, _ = distributed.list_images(train)
+    assert os.path.dirname(where) == os.path.join(data, ".image-lists")
     assert all(np.array_equal(again[k], listed[k]) for k in listed)
+    assert path == where
     # a job on the same data through another path (a symlink) finds the same index
     os.symlink(data, tmp_path / "link")
     assert distributed.list_images(str(tmp_path / "link" / "train"))[1] == where
@@ -151,15 +153,15 @@ def test_index_beside_the_data_is_read_and_never_stale(tiny_data, tmp_path, monk
     # an image added to a class folder: the old index is not read, and indexing again replaces it
     first = sorted(os.listdir(os.path.join(train, "class_000")))[0]
     shutil.copyfile(os.path.join(train, "class_000", first), os.path.join(train, "class_000", "added.JPEG"))
-    grown, where = distributed.list_images(train)
-    assert where is None and len(grown["targets"]) == 49
+    grown, where, why = distributed.list_images(train)
+    assert where is None and len(grown["targets"]) == 49 and "is out of date" in why
     assert "class_000/added.JPEG" in ImagePaths(grown)
     path, _ = index_images.index(train)
     assert os.listdir(os.path.join(data, ".image-lists")) == [os.path.basename(path)]
     assert "class_000/added.JPEG" in ImagePaths(distributed.list_images(train)[0])
     # an image removed
     os.remove(os.path.join(train, "class_000", first))
-    shrunk, where = distributed.list_images(train)
+    shrunk, where, _ = distributed.list_images(train)
     assert where is None and f"class_000/{first}" not in ImagePaths(shrunk)
 
     # a damaged index is not trusted: the folder is listed
@@ -167,8 +169,64 @@ def test_index_beside_the_data_is_read_and_never_stale(tiny_data, tmp_path, monk
     for name in os.listdir(os.path.join(data, ".image-lists")):
         with open(os.path.join(data, ".image-lists", name), "r+b") as f:
             f.truncate(100)
-    listed, where = distributed.list_images(train)
+    listed, where, _ = distributed.list_images(train)
     assert where is None and len(listed["targets"]) == 48
+
+
+def backdate(data):
+    """Every folder's modification time an hour back, as on data not written just now: a change made by a test then
+    changes a folder's time even on a filesystem whose clock ticks coarsely."""
+    for folder, _, _ in os.walk(data):
+        os.utime(folder, ns=(os.stat(folder).st_atime_ns, os.stat(folder).st_mtime_ns - 3600 * 10**9))
+
+
+def test_an_image_changed_below_a_class_folder_makes_the_index_untrusted(tiny_data, tmp_path, monkeypatch):
+    """Images in subfolders of a class folder count, so the index covers those folders' times too: one added there
+    is listed (the index is not read, and the run says why), and one removed there is not asked for."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    data = copy_data(tiny_data, tmp_path / "d")
+    train, jpeg = os.path.join(data, "train"), sorted(glob.glob(os.path.join(data, "train", "*", "*.JPEG")))[0]
+    extra = os.path.join(train, "class_000", "extra")
+    os.makedirs(extra)
+    shutil.copyfile(jpeg, os.path.join(extra, "a.JPEG"))
+    backdate(data)
+    index_images.index(train)
+    samples, where, _ = distributed.list_images(train)
+    assert where is not None and "class_000/extra/a.JPEG" in ImagePaths(samples) and len(samples["targets"]) == 49
+    shutil.copyfile(jpeg, os.path.join(extra, "b.JPEG"))
+    grown, where, why = distributed.list_images(train)
+    assert where is None and len(grown["targets"]) == 50 and f"{extra} changed: run tools/index_images.py" in why
+    index_images.index(train)
+    os.remove(os.path.join(extra, "a.JPEG"))  # with the index read, the run would fail on it: "No such file"
+    p = run([PY, os.path.join(ROOT, "distributed.py"), "--data", data, "--image-size", "32", "-j", "0", "-b", "7",
+             "--epochs", "1", "--output-dir", str(tmp_path / "out")])
+    assert "listed the images (" in p.stdout and "is out of date" in p.stdout and ": 49 train, 101 val" in p.stdout
+
+
+def test_an_image_added_while_the_tool_lists_is_never_left_out_of_its_index(tiny_data, tmp_path, monkeypatch):
+    """A writer adds an image to a class folder just after the tool has read that folder: the folder's time has
+    changed by the end of the listing, so the tool lists again rather than write an index that lacks the image."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    data = copy_data(tiny_data, tmp_path / "d")
+    train, jpeg = os.path.join(data, "train"), sorted(glob.glob(os.path.join(data, "train", "*", "*.JPEG")))[0]
+    backdate(data)
+    real_scandir, added = os.scandir, []
+
+    class Entries(list):  # what os.scandir returns, read whole
+        __enter__, __exit__ = lambda self: self, lambda self, *_: None
+
+    def scandir(path="."):
+        entries = Entries(real_scandir(path))
+        if str(path).endswith("class_003") and not added:
+            shutil.copyfile(jpeg, os.path.join(path, "late.JPEG"))
+            added.append(path)
+        return entries
+    monkeypatch.setattr(os, "scandir", scandir)
+    path, samples = index_images.index(train)
+    monkeypatch.setattr(os, "scandir", real_scandir)
+    assert added and "class_003/late.JPEG" in ImagePaths(samples) and len(samples["targets"]) == 49
+    again, where, _ = distributed.list_images(train)
+    assert where == path and ImagePaths(again) == ImagePaths(samples)
 
 
 def ImagePaths(samples):
@@ -184,12 +242,12 @@ def test_index_of_read_only_data_goes_to_the_user_cache(tiny_data, tmp_path, mon
     assert len(samples["targets"]) == 101
     home = str(tmp_path / "home-cache" / "pytorch-distributed")
     assert os.listdir(home) == [os.path.basename(path)]
-    assert distributed.list_images(os.path.join(data, "val"))[1] == home
+    assert os.path.dirname(distributed.list_images(os.path.join(data, "val"))[1]) == home
 
 
 def index_in_child(folder, queue):
     index_images.index(folder)
-    samples, where = distributed.list_images(folder)
+    samples, where, _ = distributed.list_images(folder)
     queue.put((where, samples["paths"].tobytes(), samples["targets"].tolist()))
 
 

@@ -9,9 +9,11 @@ process of every job).
 The index goes beside the data (DATA/.image-lists/), or into the user's cache
 (~/.cache/pytorch-distributed, or $XDG_CACHE_HOME/pytorch-distributed) where the data is read-only:
 the two places the training scripts look. It holds the packed sample list the scripts build
-(distributed.py's pack_samples). Its name holds a key of the folder's real path and its class
-folders' names and modification times: once images are added, removed or renamed, the scripts no
-longer read it and list the folder themselves, until this tool is run again.
+(distributed.py's list_images) and every folder it listed, with the modification time each had before
+it was read. The scripts use it only while every one of those folders still has that time: once an
+image is added, removed or renamed anywhere below, they list the folders themselves (and say so) until
+this tool is run again. The times are checked again after listing, so an image added while this tool
+lists is never left out of an index that claims to be current: it lists again.
 
 Several jobs may run it on the same data at once: each writes a temporary file of its own and
 renames it into place, so a reader sees a whole index or none, and the last rename wins.
@@ -45,22 +47,26 @@ def write_index(path, samples):
             os.remove(tmp)
 
 
-def index(folder):
+def index(folder, attempts=3):
     """Writes the index of `folder` where the scripts look first that can be written; returns
     (path, samples). An index that is current already is left as it is."""
-    samples, found = distributed.list_images(folder)
-    classes = [str(c) for c in samples["classes"]]
-    paths = distributed.index_paths(folder, classes)
-    if found:
-        return next(p for p in paths if os.path.dirname(p) == found), samples
+    for _ in range(attempts):
+        samples, found, _ = distributed.list_images(folder)
+        if found:
+            return found, samples
+        if all(distributed.folder_time(folder, f) == t for f, t in zip(samples["folders"], samples["mtimes"])):
+            break  # nothing changed while listing
+    else:
+        raise distributed.UserError(f"{folder} changed while it was listed, {attempts} times: no index written")
     errors = []
+    paths = distributed.index_paths(folder)
     for path in paths:
         try:
             write_index(path, samples)
         except OSError as e:  # a read-only data folder: the user's cache
             errors.append(f"{path}: {e.strerror or e}")
             continue
-        if path == paths[0]:  # beside the data: earlier indexes of this folder are stale now
+        if path == paths[0]:  # beside the data: indexes of this folder by an older version are stale
             prefix = os.path.basename(path).rsplit("-", 1)[0]
             for old in glob.glob(os.path.join(os.path.dirname(path), prefix + "-*.npz")):
                 if old != path:
