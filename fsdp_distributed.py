@@ -175,7 +175,8 @@ def distribute(model, optimizer, args, device):
     inner, mesh = getattr(model, "_orig_mod", model), MESH[0]  # --compile: shard the module it compiled
     names = [n for n, _ in inner.named_parameters()]
     inner.to(memory_format=torch.contiguous_format)  # FSDP shards no channels_last parameters (inputs may be)
-    policy = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if args.amp == "bf16" else MixedPrecisionPolicy()
+    reduce = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.grad_compression)  # --grad-compression
+    policy = MixedPrecisionPolicy(*(torch.bfloat16, reduce or torch.float32) if args.amp == "bf16" else (None, reduce))
     norms = [m for m in inner.modules() if isinstance(m, (nn.modules.batchnorm._NormBase, nn.GroupNorm))
              and m.weight is not None]
     if policy.param_dtype and norms:  # bf16 norm weights fail against fp32 running statistics: one fp32 group
@@ -191,6 +192,13 @@ def distribute(model, optimizer, args, device):
             {**g, "params": [names[i] for i in g["params"]], "fused": False} for g in plain["param_groups"]]}
         set_optimizer_state_dict(inner, sharded, state, options=StateDictOptions(full_state_dict=True))
     return model, sharded
+
+
+@contextlib.contextmanager
+def no_sync(model):  # gradient accumulation: gradients stay whole and local until the last backward of a step
+    getattr(model, "_orig_mod", model).set_requires_gradient_sync(False)
+    yield
+    getattr(model, "_orig_mod", model).set_requires_gradient_sync(True)
 
 
 def full_state(model, optimizer):
