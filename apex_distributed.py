@@ -57,32 +57,28 @@ DEMO_DEFAULTS = dict(batch_size=32, epochs=3, workers=2)  # a few minutes on a l
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="Defaults: pytorch/examples' ImageNet "
-                                f"recipe, except on the demo data (folders with a {DEMO_MARK} file) and with --dummy: "
-                                + ", ".join(f"{k} {v}" for k, v in DEMO_DEFAULTS.items()))
+                                f"recipe, except on demo data (a folder with {DEMO_MARK}) and --dummy: {DEMO_DEFAULTS}")
     p.add_argument("data_arg", nargs="?", metavar="DATA", help="data folder, as pytorch/examples takes it")
     p.add_argument("--data", metavar="DIR", help="ImageFolder root with train/ and val/ (default: data/demo)")
     p.add_argument("-a", "--arch", default="resnet18", help="any torchvision classification model (default: resnet18)")
     p.add_argument("-j", "--workers", type=int, help="loader processes per process (default: min(8, cores each))")
-    p.add_argument("--loader-start-method", choices=["fork", "spawn", "forkserver"], help="how loader workers start "
-                   "(default: fork); spawn or forkserver where forking breaks, e.g. MPI over InfiniBand")
+    p.add_argument("--loader-start-method", choices=["fork", "spawn", "forkserver"], help="spawn if fork breaks (MPI)")
     p.add_argument("--epochs", type=int, help="default: 90 (3 on the demo data)")
     p.add_argument("--start-epoch", type=int, default=0, help="epoch to start at (--resume reads it)")
     p.add_argument("-b", "--batch-size", type=int, help="global batch, split evenly across processes (default: 256)")
     p.add_argument("--lr", "--learning-rate", type=float, dest="lr", help="default: 0.1 x global batch / 256")
     p.add_argument("--lr-step", type=int, default=30, help="divide the learning rate by 10 every N epochs")
-    p.add_argument("--warmup-epochs", type=float, help="raise the learning rate linearly, step by step, from near 0 "
-                   "over W epochs (default: 1 per doubling of -b above 256, at most 5: docs/options.md)")
+    p.add_argument("--warmup-epochs", type=float, help="lr up from near 0, linearly (default: doublings of -b / 256)")
     p.add_argument("--gradient-accumulation-steps", "--accum-steps", type=int, default=1, dest="accum_steps",
-                   metavar="K", help="K micro-batches per optimizer step, one gradient exchange: -b is split over "
-                   "processes x K")
+                   metavar="K", help="K micro-batches a step, one exchange of gradients: -b = processes x K x micro")
     p.add_argument("--grad-compression", choices=["none", "fp16", "bf16"], default="none",
                    help="send gradients between processes in 16 bits (averaged back into fp32 weights)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--wd", "--weight-decay", type=float, default=1e-4, dest="weight_decay")
     p.add_argument("-p", "--print-freq", type=int, default=10, help="print every N steps (the only host syncs)")
     p.add_argument("--resume", metavar="PATH", default="", help="checkpoint to continue from")
-    p.add_argument("--auto-resume", action="store_true", help="resume from OUTPUT_DIR/checkpoint.pth.tar if there is "
-                   "one (SIGUSR1 makes all processes stop at one step and save it: see slurm/train.sbatch)")
+    p.add_argument("--auto-resume", action="store_true", help="from OUTPUT_DIR/checkpoint.pth.tar if any (on SIGUSR1 "
+                   "all processes stop at one step and save it)")
     p.add_argument("-e", "--evaluate", action="store_true", help="only evaluate on val/")
     p.add_argument("--pretrained", action="store_true", help="start from torchvision's weights (downloads them)")
     p.add_argument("--seed", type=int, default=0, help="seeds the shuffling, the augmentations and the initial weights")
@@ -93,11 +89,11 @@ def build_parser():
     p.add_argument("--output-dir", help="checkpoints and metrics.jsonl (default: output/<script>)")
     p.add_argument("--norm", choices=["batch", "group"], default="batch", help="group: GroupNorm for BatchNorm")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm: batch statistics over all processes (CUDA)")
-    p.add_argument("--amp", choices=["off", "auto", "bf16", "fp16"], default="off", help="mixed precision; auto: what "
-                   "the hardware runs natively (bf16 from Ampere on and on AVX512_BF16/AMX CPUs, else fp16 on GPUs)")
+    p.add_argument("--amp", choices=["off", "auto", "bf16", "fp16"], default="off", help="mixed precision (auto: what "
+                   "the hardware runs natively: bf16 from Ampere on and on AVX512_BF16/AMX CPUs, else fp16 on GPUs)")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, help="NHWC (default: with --amp)")
-    p.add_argument("--fp64", action="store_true", help="train in float64 (slow): N processes then match one process "
-                   "to ~1e-12, whatever the kernels' summation order, which checks the parallel math itself")
+    p.add_argument("--fp64", action="store_true", help="float64 (slow): N processes match one to ~1e-12, whatever the "
+                   "kernels' summation order, which checks the parallel math")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (the compile time is logged apart)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per process (default: PyTorch's)")
     p.add_argument("--dist-backend", help="nccl with CUDA, else gloo")
@@ -328,21 +324,19 @@ def train(loader, model, optimizer, scaler, epoch, args, device, rank, world_siz
     # loss x n, top-1 and top-5 hits, n (as in validate) summed on the device, since reading them (.item()) would
     # make the host wait every step; added up over the processes, with the stop flag, on print steps only
     sums = torch.zeros(4, dtype=torch.float64, device=device)
-    warmup = min(2, steps - 1)  # steps left out of images/s: allocator and cudnn warm-up, compilation
+    untimed = min(2, steps - 1)  # steps left out of images/s: allocator and cudnn warm-up, compilation
     data_time, t_start = 0.0, time.perf_counter()
     t_fetch = t_warm = t_start
     for i, (images, target) in enumerate(prefetch(start_workers(loader), device)):
         data_time += time.perf_counter() - t_fetch
         step, k = divmod(i, k_steps)
         if k == 0:
-            t_warm = time.perf_counter() if step == warmup else t_warm
+            t_warm = time.perf_counter() if step == untimed else t_warm
             lr = set_learning_rate(optimizer, args, epoch, (start + (step + 1) * global_batch) / loader.sampler.n)
         with no_sync(model) if k < k_steps - 1 else contextlib.nullcontext():  # one exchange, in the last backward
             loss, top1, top5, n = forward(model, images, target, args, device)
             scaler.scale(loss / k_steps).backward()
-        sums[0] += loss.detach().double() * n
-        sums[1] += top1
-        sums[2] += top5
+        sums[:3] += torch.stack([loss.detach().double() * n, top1.double(), top5.double()])
         sums[3] += n  # an in-place add of a Python number: no host-to-device copy, so no wait
         if k == k_steps - 1:
             scaler.step(optimizer)
@@ -360,13 +354,13 @@ def train(loader, model, optimizer, scaler, epoch, args, device, rank, world_siz
     # the last step printed, so `total` holds the epoch's sums: reading them waited for the GPU's work
     elapsed, timed = time.perf_counter() - t_start, time.perf_counter() - t_warm
     warm_s = t_warm - t_start  # its time beyond that of as many ordinary steps: compiling
-    compile_s = max(0.0, warm_s - warmup * timed / max(steps - warmup, 1)) if args.compile else None
+    compile_s = max(0.0, warm_s - untimed * timed / max(steps - untimed, 1)) if args.compile else None
     if args.compile and rank == 0:
-        print(f"compile: {compile_s:.1f} s in the first {warmup} step(s), left out of images/s", flush=True)
+        print(f"compile: {compile_s:.1f} s in the first {untimed} step(s), left out of images/s", flush=True)
     peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else \
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return dict(train_loss=total[0] / total[3], train_acc1=100 * total[1] / total[3], lr=lr,
-                train_images_per_s=(total[3] - warmup * global_batch) / timed, epoch_time_s=elapsed,
+                train_images_per_s=(total[3] - untimed * global_batch) / timed, epoch_time_s=elapsed,
                 data_wait_frac=data_time / elapsed, peak_memory_mb=peak_mb, warmup_s=warm_s, compile_s=compile_s), \
         start + steps * global_batch if total[4] else 0
 
@@ -374,9 +368,8 @@ def train(loader, model, optimizer, scaler, epoch, args, device, rank, world_siz
 def set_learning_rate(optimizer, args, epoch, done):
     """The step schedule (/10 every --lr-step epochs), raised linearly over the first --warmup-epochs: `done` is
     the part of this epoch's images trained once this step is, so a resumed run, whatever its -b, goes on alike."""
-    lr = args.lr * 0.1 ** (epoch // args.lr_step)
-    if epoch + done < args.warmup_epochs:
-        lr *= (epoch + done) / args.warmup_epochs
+    warm = min(1.0, (epoch + done) / args.warmup_epochs) if args.warmup_epochs else 1.0
+    lr = args.lr * 0.1 ** (epoch // args.lr_step) * warm
     for group in optimizer.param_groups:
         group["lr"] = lr
     return lr
@@ -514,13 +507,13 @@ def setup_device(args, local_rank):
 
 
 def log_metrics(args, rank, row):
-    if rank != 0:
-        return
+    path = os.path.join(args.output_dir, "metrics.jsonl")
     try:
-        with open(os.path.join(args.output_dir, "metrics.jsonl"), "a") as f:
-            f.write(json.dumps(row) + "\n")
+        if rank == 0:
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
     except OSError as e:
-        raise UserError(f"cannot write {os.path.join(args.output_dir, 'metrics.jsonl')}: {e.strerror or e}") from None
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 ######## Data: the image lists, decoding, augmentation, the sampler and the loaders ########
@@ -542,51 +535,27 @@ def build_datasets(args, local_rank, rank):
 def list_images(folder):
     """The samples of an ImageFolder tree, the index they were read from (None: listed) and why none was used.
     Listing ImageNet takes minutes on a network filesystem: an index (tools/index_images.py) is read instead while
-    every folder it listed has the modification time it had before it was listed, which adding, removing or
-    renaming an image in it changes (a new folder changes its parent's)."""
+    every folder below has the modification time it had before the index was made: adding, removing or renaming an
+    image changes its folder's, and a new folder its parent's."""
     why = ""
     for index in index_paths(folder):
-        try:
-            with np.load(index) as z:
-                samples = {k: z[k] for k in ("paths", "offsets", "targets", "classes", "folders", "mtimes")}
-        except Exception:  # none there (the usual case), or damaged: the next place, or list the folder
-            why = why or (f"{index} is damaged" if os.path.exists(index) else "")
-            continue
-        changed = [f for f, t in zip(samples["folders"], samples["mtimes"]) if folder_time(folder, f) != t]
-        if not changed:
-            return samples, index, ""
-        why = f"{index} is out of date, {os.path.join(folder, changed[0])} changed: run tools/index_images.py"
-    folders, mtimes, paths, targets = [], [], [], []
-    for rel, mtime, files in walk(folder):
-        folders.append(rel)
-        mtimes.append(mtime)
-        if rel != ".":  # a class is a folder in `folder`, and its images are every image below it
-            paths += [os.path.join(rel, f) for f in files if f.lower().endswith(IMG_EXTENSIONS)]
-            targets += [rel.split(os.sep)[0]] * (len(paths) - len(targets))
+        with contextlib.suppress(Exception), np.load(index) as z:  # none there (the usual case), or damaged
+            samples = {k: z[k] for k in ("paths", "offsets", "targets", "classes", "folders", "mtimes")}
+            changed = [f for f, t in zip(samples["folders"], samples["mtimes"])  # (a folder gone raises: list them)
+                       if os.stat(os.path.join(folder, f)).st_mtime_ns != t]
+            if not changed:
+                return samples, index, ""
+            why = f"{index} is out of date, {os.path.join(folder, changed[0])} changed: run tools/index_images.py"
+    classes = sorted(d.name for d in os.scandir(folder) if d.is_dir())
+    paths, targets = [], []
+    for target, c in enumerate(classes):
+        for dirpath, _, files in sorted(os.walk(os.path.join(folder, c), followlinks=True)):
+            paths += [os.path.join(os.path.relpath(dirpath, folder), f) for f in sorted(files)
+                      if f.lower().endswith(IMG_EXTENSIONS)]
+            targets += [target] * (len(paths) - len(targets))
     if not paths:
         raise UserError(f"{folder} has no images ({', '.join(IMG_EXTENSIONS[:3])}, ...)")
-    classes = sorted(f for f in folders if os.sep not in f and f != ".")
-    number = {c: i for i, c in enumerate(classes)}
-    return dict(pack_samples(paths, [number[c] for c in targets], classes), folders=np.asarray(folders, dtype=str),
-                mtimes=np.asarray(mtimes, dtype=np.int64)), None, why
-
-
-def walk(root, rel="."):
-    """(folder relative to root, its modification time taken before reading it, its file names) for root and every
-    folder below it, depth first in sorted order: a change made while it lists changes a time taken."""
-    mtime = os.stat(os.path.join(root, rel)).st_mtime_ns
-    entries = sorted(os.scandir(os.path.join(root, rel)), key=lambda e: e.name)
-    yield rel, mtime, [e.name for e in entries if not e.is_dir()]
-    for e in entries:
-        if e.is_dir():
-            yield from walk(root, os.path.normpath(os.path.join(rel, e.name)))
-
-
-def folder_time(root, rel):
-    try:
-        return os.stat(os.path.join(root, rel)).st_mtime_ns
-    except OSError:
-        return -1  # gone
+    return pack_samples(paths, targets, classes), None, why
 
 
 def index_paths(folder):
@@ -628,11 +597,9 @@ class ImageList(torch.utils.data.Dataset):
             image = read_image(self.path(i))
         except Exception as e:
             raise UserError(f"cannot read image {self.path(i)}: {str(e).strip().splitlines()[-1]}") from None
-        rng, state = torch.default_generator, torch.default_generator.get_state()  # (torch.manual_seed is slow)
-        rng.manual_seed((seed * 2**32 + i) % 2**63)
-        image = self.transform(image)
-        rng.set_state(state)
-        return image, int(self.targets[i])
+        with torch.random.fork_rng(devices=[]):  # the worker's own generator is left as it was
+            torch.default_generator.manual_seed((seed * 2**32 + i) % 2**63)
+            return self.transform(image), int(self.targets[i])
 
 
 def transforms(size, augment):
@@ -687,8 +654,9 @@ def build_loaders(train_set, val_set, args, rank, world_size, device):
     val_indices = range(rank, len(val_set), world_size)
     # loader workers persist across epochs, forked where the OS can (spawned, each would import torch again)
     method = args.loader_start_method or ("fork" if "fork" in torch.multiprocessing.get_all_start_methods() else None)
-    common = dict(batch_size=per_process // args.accum_steps, num_workers=args.workers, pin_memory=device.type == "cuda",
-                  multiprocessing_context=method if args.workers > 0 else None, persistent_workers=args.workers > 0)
+    workers = dict(num_workers=args.workers, multiprocessing_context=method, persistent_workers=True) \
+        if args.workers else {}
+    common = dict(batch_size=per_process // args.accum_steps, pin_memory=device.type == "cuda", **workers)
     return (torch.utils.data.DataLoader(train_set, sampler=train_sampler, **common), train_sampler,
             torch.utils.data.DataLoader(val_set, sampler=val_indices, **common))
 
@@ -704,7 +672,7 @@ def run(worker, *worker_args):
     except dist.DistError as e:  # a peer that never came, or a port in use
         message, status = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}", 1
     except RuntimeError as e:  # gloo reports a peer that died or went silent as a plain RuntimeError
-        text = str(e)  # "[/src/gloo/transport/tcp/pair.cc:545] Read error ...: Connection reset by peer. This is..."
+        text = str(e)  # e.g. "[/src/gloo/transport/tcp/pair.cc:545] Read error ...: Connection reset by peer. ..."
         if "/gloo/" not in text and "caused pair closure" not in text:  # the latter: a timeout elsewhere
             raise
         what = "no answer from another process within --dist-timeout" if re.search(r"timed? ?out", text, re.I) \
@@ -725,8 +693,7 @@ def report_once(rank):
 def check_args(args, world_size):
     """Checks that every process can make alike, before any process group exists."""
     resolve_defaults(args, world_size)
-    flags = {"workers": "-j/--workers", "batch_size": "-b/--batch-size", "print_freq": "-p/--print-freq",
-             "accum_steps": "--gradient-accumulation-steps"}
+    flags = {"workers": "-j/--workers", "batch_size": "-b/--batch-size", "print_freq": "-p/--print-freq"}
     for name, low in dict(image_size=1, workers=0, batch_size=1, epochs=0, start_epoch=0, lr_step=1, print_freq=1,
                           threads=0, lr=0, momentum=0, weight_decay=0, dist_timeout=1, accum_steps=1,
                           warmup_epochs=0).items():
@@ -816,13 +783,11 @@ def choose_precision(args, device):
 def cpu_bf16_support():
     """(native, name): whether this CPU runs bf16 natively (AVX512_BF16 or AMX; elsewhere it is emulated, ~10x
     slower than fp32), and its capability's name. ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA can hide it."""
-    flags = set()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        flags = set(next((line for line in f if line.startswith("flags")), "").split())
-    aten = torch.backends.cpu.get_cpu_capability()  # what ATen's kernels use: DEFAULT, AVX2, AVX512, ...
-    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
-    if isa.startswith(("SSE", "AVX2", "AVX_")) or isa in ("AVX", "AVX512_CORE", "AVX512_CORE_VNNI"):
+    aten, isa, flags = torch.backends.cpu.get_cpu_capability(), os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper(), ""
+    if isa not in ("ALL", "DEFAULT") and not any(name in isa for name in ("BF16", "AMX", "AVX10", "FP16")):
         return False, f"{aten}, oneDNN limited to {isa}"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        flags = next((line for line in f if line.startswith("flags")), "").split()
     native = aten == "AVX512" and ("AMX" if "amx_bf16" in flags else "AVX512_BF16" if "avx512_bf16" in flags else None)
     return (True, native) if native else (False, aten if aten != "AVX512" else "AVX512 without AVX512_BF16")
 

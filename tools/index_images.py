@@ -12,8 +12,8 @@ the two places the training scripts look. It holds the packed sample list the sc
 (distributed.py's list_images) and every folder it listed, with the modification time each had before
 it was read. The scripts use it only while every one of those folders still has that time: once an
 image is added, removed or renamed anywhere below, they list the folders themselves (and say so) until
-this tool is run again. The times are checked again after listing, so an image added while this tool
-lists is never left out of an index that claims to be current: it lists again.
+this tool is run again. The times are taken before listing and checked again after it, so an image
+added while this tool lists is never left out of an index that claims to be current: it lists again.
 
 Several jobs may run it on the same data at once: each writes a temporary file of its own and
 renames it into place, so a reader sees a whole index or none, and the last rename wins.
@@ -47,17 +47,26 @@ def write_index(path, samples):
             os.remove(tmp)
 
 
+def folder_times(folder):
+    """Every folder the listing walks (the folder itself and all below it) and its modification time."""
+    return {os.path.relpath(d, folder): os.stat(d).st_mtime_ns for d, _, _ in os.walk(folder, followlinks=True)}
+
+
 def index(folder, attempts=3):
     """Writes the index of `folder` where the scripts look first that can be written; returns
     (path, samples). An index that is current already is left as it is."""
     for _ in range(attempts):
+        # the times are taken before the listing reads each folder, and again after: a change in between moves one
+        before = folder_times(folder)
         samples, found, _ = distributed.list_images(folder)
         if found:
             return found, samples
-        if all(distributed.folder_time(folder, f) == t for f, t in zip(samples["folders"], samples["mtimes"])):
-            break  # nothing changed while listing
+        if folder_times(folder) == before:
+            break
     else:
         raise distributed.UserError(f"{folder} changed while it was listed, {attempts} times: no index written")
+    samples.update(folders=np.asarray(list(before), dtype=str),
+                   mtimes=np.asarray(list(before.values()), dtype=np.int64))
     errors = []
     paths = distributed.index_paths(folder)
     for path in paths:
