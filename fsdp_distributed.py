@@ -30,6 +30,12 @@ import time
 import numpy as np
 import PIL.Image
 import torch
+import torchvision
+
+for module, oldest in ((torch, (2, 6)), (torchvision, (0, 21))):  # the first releases with every API used below
+    if tuple(int(n) for n in re.findall(r"\d+", module.__version__)[:2]) < oldest:
+        sys.exit(f"{os.path.basename(__file__)}: error: needs {module.__name__} >= {'.'.join(map(str, oldest))}, "
+                 f"not {module.__version__}: pip install -r requirements.txt")
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_optimizer_state_dict)
@@ -39,7 +45,6 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.data
-import torchvision
 import torchvision.models as models
 import torchvision.transforms.v2 as T
 import torchvision.transforms.v2.functional as TF
@@ -422,8 +427,7 @@ def validate(loader, model, args, device, rank):
 
 
 def forward(model, images, target, args, device, reduction="mean"):
-    """Moves a batch to the device, runs the model and the loss under autocast (cross_entropy in fp32), and
-    counts the samples whose target is the top output and among the top 5; returns those and the batch size.
+    """Batch to the device, model and loss under autocast (cross_entropy in fp32): (loss, top-1 and top-5 hits, n).
     inception_v3 and googlenet add auxiliary outputs in training, weighted as in torchvision's references."""
     images = images.to(device, torch.float64 if args.fp64 else torch.float32, non_blocking=True,
                        memory_format=torch.channels_last if args.channels_last else torch.contiguous_format)
@@ -560,10 +564,9 @@ def build_datasets(args, local_rank, rank):
 
 
 def list_images(folder):
-    """The samples of an ImageFolder tree, the index they were read from (None: listed) and why none was used.
-    Listing ImageNet takes minutes on a network filesystem: an index (tools/index_images.py) is read instead while
-    every folder below has the modification time it had before the index was made: adding, removing or renaming an
-    image changes its folder's, and a new folder its parent's."""
+    """The samples of an ImageFolder tree, the index read (None: listed) and why none was. Listing ImageNet takes
+    minutes on a network filesystem: an index (tools/index_images.py) is read instead while every folder below has
+    its time from before the index was made (adding, removing or renaming an image changes its folder's time)."""
     why = ""
     for index in index_paths(folder):
         with contextlib.suppress(Exception), np.load(index) as z:  # none there (the usual case), or damaged
@@ -824,9 +827,8 @@ PIL.Image.MAX_IMAGE_PIXELS = None  # read_image applies the bound itself, to eve
 
 
 def read_image(path):
-    """RGB uint8 tensor (3, H, W), decoded by torchvision (faster than PIL), or by PIL for what it cannot read.
-    The size is read from the header, by PIL, which knows the format from the bytes whatever the extension says,
-    and an image over MAX_PIXELS is refused before any decoder allocates it."""
+    """RGB uint8 tensor (3, H, W), decoded by torchvision (faster than PIL), or by PIL for what it cannot read. An
+    image over MAX_PIXELS is refused from its header, read by PIL in the format the bytes (not the name) say."""
     data = torchvision.io.read_file(path)
     try:
         with PIL.Image.open(io.BytesIO(data.numpy())) as header:  # parses the header only
