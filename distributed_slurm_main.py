@@ -33,7 +33,7 @@ import PIL.Image
 import torch
 import torchvision
 
-for module, oldest in ((torch, (2, 6)), (torchvision, (0, 21))):  # the first releases with every API used below
+for module, oldest in ((torch, (2, 4)), (torchvision, (0, 19))):  # the first releases with every API used below
     if tuple(int(n) for n in re.findall(r"\d+", module.__version__)[:2]) < oldest:
         sys.exit(f"{os.path.basename(__file__)}: error: needs {module.__name__} >= {'.'.join(map(str, oldest))}, "
                  f"not {module.__version__}: pip install -r requirements.txt")

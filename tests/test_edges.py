@@ -5,6 +5,7 @@ Real processes and real files; the image checks run in-process on crafted files,
 user sees.
 """
 import os
+import re
 import shutil
 import struct
 import sys
@@ -54,7 +55,8 @@ def test_resume_with_a_larger_batch_after_the_last_full_step_finishes_the_epoch(
     args = ["--data", tiny_data, *TINY[:-4], "--epochs", "2", "-p", "1", "-b", "24", "--output-dir", str(out),
             "--auto-resume"]
     p = run(torchrun(2) + [script("distributed.py"), *args])
-    assert "start epoch 0 at sample 36" in p.stdout and "Epoch [0]: no full batch of 24 left after sample 36" in p.stdout
+    assert "start epoch 0 at sample 36" in p.stdout
+    assert "Epoch [0]: no full batch of 24 left after sample 36" in p.stdout
     assert "Epoch [1][2/2]" in p.stdout, p.stdout
     rows = metrics(str(out))
     assert [r["epoch"] for r in rows] == [0, 1] and rows[0]["val_images"] == 101 and "train_loss" not in rows[0]
@@ -101,7 +103,8 @@ def test_a_batch_that_does_not_split_evenly_is_refused_naming_the_nearest_that_d
                                   "--output-dir", str(tmp_path)])
     assert line.endswith("error: -b 10 does not split into 3 process(es) x 1 micro-batch(es) of equal size: "
                          "use -b 9 or -b 12"), line
-    for b, world, k, expected in [(10, 2, 4, "use -b 8 or -b 16"), (5, 3, 2, "use -b 6"), (14, 3, 2, "use -b 12 or -b 18")]:
+    for b, world, k, expected in [(10, 2, 4, "use -b 8 or -b 16"), (5, 3, 2, "use -b 6"),
+                                  (14, 3, 2, "use -b 12 or -b 18")]:
         args = distributed.build_parser().parse_args(["--data", tiny_data, "-b", str(b), "--accum-steps", str(k),
                                                       "--output-dir", str(tmp_path)])
         with pytest.raises(distributed.UserError, match=f"of equal size: {expected}$"):
@@ -165,23 +168,40 @@ def test_a_35_byte_gif_named_jpg_that_claims_65535x65535_stops_the_run_in_one_li
                          "(MAX_PIXELS in distributed.py)"), line
 
 
-# ---- an older torch: one line naming the releases needed ----
+# ---- an older torch: one line naming the release needed ----
 
-def test_every_script_on_an_older_torch_names_the_release_it_needs():
-    needed = next(line for line in open(os.path.join(ROOT, "requirements.txt")) if line.startswith("torch>="))
-    minimum = needed.strip().split(">=")[1]
-    older = f"{minimum.split('.')[0]}.{int(minimum.split('.')[1]) - 1}.0"
+def minimum(name):
+    """The (torch, torchvision) releases a script checks for, from its own check line."""
+    line = next(line for line in open(script(name)) if line.startswith("for module, oldest in"))
+    return [tuple(map(int, m)) for m in re.findall(r"\((\d+), (\d+)\)\)", line)]
+
+
+def run_with_torch(version, *argv):
+    """The scripts started in a process whose torch says it is `version`: a line "SCRIPT|exit status" each."""
     code = ("import runpy, sys, torch\n"
-            f"torch.__version__ = {older!r}\n"
+            f"torch.__version__ = {version!r}\n"
             "for name in sys.argv[1:]:\n"
-            "    sys.argv[0] = name\n"
+            f"    sys.argv = [name, *{list(argv)!r}]\n"
             "    try:\n"
             "        runpy.run_path(name, run_name='__main__')\n"
+            "        code = 0  # (torchrun's @record turns a SystemExit(0) into a return)\n"
             "    except SystemExit as e:\n"
-            "        print(f'{name}|{e.code}')\n")
-    p = run([PY, "-c", code, *[script(s) for s in SCRIPTS]], check=False)
-    lines = p.stdout.splitlines()
-    assert len(lines) == len(SCRIPTS), p.stdout + p.stderr
-    for name, line in zip(SCRIPTS, lines):
-        assert line == f"{script(name)}|{name}: error: needs torch >= {minimum}, not {older}: " \
-            "pip install -r requirements.txt", line
+            "        code = e.code\n"
+            "    print(f'{name}|{code}', flush=True)\n")
+    return run([PY, "-c", code, *[script(s) for s in SCRIPTS]], check=False)
+
+
+def test_each_script_on_an_older_torch_names_the_release_it_needs_and_requirements_name_the_newest():
+    p = run_with_torch("2.3.0")
+    needs = {name: ".".join(map(str, minimum(name)[0])) for name in SCRIPTS}
+    assert p.stdout.splitlines() == [f"{script(name)}|{name}: error: needs torch >= {needs[name]}, not 2.3.0: "
+                                     "pip install -r requirements.txt" for name in SCRIPTS], p.stdout
+    # 2.6 made FSDP2 public, but only 2.7 runs it on CPU: fsdp_distributed.py alone refuses it
+    p = run_with_torch("2.6.0", "--help")
+    assert [line.split("|")[1] for line in p.stdout.splitlines() if line.startswith(ROOT)] == \
+        ["fsdp_distributed.py: error: needs torch >= 2.7, not 2.6.0: pip install -r requirements.txt"
+         if name == "fsdp_distributed.py" else "0" for name in SCRIPTS], p.stdout
+    requirements = open(os.path.join(ROOT, "requirements.txt")).read()
+    newest = max(minimum(name) for name in SCRIPTS)
+    assert f"torch>={newest[0][0]}.{newest[0][1]}\n" in requirements and \
+        f"torchvision>={newest[1][0]}.{newest[1][1]}\n" in requirements
