@@ -759,8 +759,8 @@ LAUNCHERS = {"distributed": "torchrun distributed.py", "apex": "torchrun apex_di
 
 
 def net_rows(net):
-    """The rows in the order they ran, each once."""
-    return list(dict.fromkeys([r["row"] for r in net["runs"]] + list(net["refs"])))
+    """The rows in the order they ran, each once (the one-host runs are their references, not rows)."""
+    return list(dict.fromkeys(r["row"] for r in net["runs"]))
 
 
 def write_network_md(net, checks, info, args, path):

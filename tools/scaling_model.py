@@ -354,6 +354,15 @@ def cmd_predict(args):
                                      compression=compression, accum=args.accum, **r))
     except ValueError as e:
         fail(str(e))
+    if args.markdown:
+        print(f"| link | nodes x GPUs | compression | accum | step (ms) | all-reduce (ms) | not hidden (ms) | images/s "
+              "| efficiency |")
+        print("|---|--:|---|--:|--:|--:|--:|--:|--:|")
+        for r in rows:
+            print(f"| {r['link'].split(' ')[0]} | {r['nodes']} x {r['per_node']} | {r['compression']} | {r['accum']} | "
+                  f"{r['step_s'] * 1e3:.1f} | {r['comm_s'] * 1e3:.1f} | {r['exposed_s'] * 1e3:.1f} | "
+                  f"{r['images_per_s']:,.0f} | {100 * r['efficiency']:.1f}% |")
+        return
     print(f"# {PROG}: {profile['arch']} {profile['image_size']} px, {profile['batch']} images per process and "
           f"micro-batch; {profile['source']}")
     print(f"# compute per micro-batch: data {data_s * 1e3:.1f} ms + forward {profile['forward_s'] * 1e3:.1f} ms + "
@@ -409,6 +418,7 @@ def main():
     pd.add_argument("--loader-ips", type=float,
                     help="images/s one process decodes (loader_bench.py): with -j 0 it adds batch / N a micro-batch")
     pd.add_argument("--json", metavar="PATH", help="write the rows here")
+    pd.add_argument("--markdown", action="store_true", help="print the rows as a Markdown table")
     pd.set_defaults(func=cmd_predict)
     args = p.parse_args()
     if args.command == "predict":
