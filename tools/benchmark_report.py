@@ -633,7 +633,7 @@ def last_metrics(path):
 
 
 def summarise_network(results, hosts, batch, loader_ips=None, workers=0):
-    from scaling_model import Link, step_time
+    from scaling_model import Link, calibrated, step_time
     runs_dir = os.path.join(results, "runs-network")
     manifest = []
     with open(os.path.join(runs_dir, "manifest.tsv")) as f:
@@ -678,14 +678,20 @@ def summarise_network(results, hosts, batch, loader_ips=None, workers=0):
         r["efficiency"] = r["images_per_s"] / (hosts * ref["images_per_s"]) if ok else None
         r["exposed_s"] = r["step_s"] - ref["step_s"] if ok else None
         r["predicted_images_per_s"] = r["model_error_pct"] = r["comm_s"] = r["overlap"] = None
+        r["predicted_overlap"] = r["hidden_pct"] = None
         link = links.get(r["rate"])
-        if profile and link and r["backend"] in MODELED and not r["other"]:
-            pred = step_time(profile, link["link"], hosts, 1, r["compression"], r["accum"], data_s)
+        if profile and link and r["backend"] in MODELED and not r["other"] and ref and ref.get("step_s"):
+            # the profile's split at the speed of the one-host run, which ran the same steps in one process
+            prof = calibrated(profile, ref["step_s"], r["accum"], data_s)
+            pred = step_time(prof, link["link"], hosts, 1, r["compression"], r["accum"])
+            r["calibration"] = prof["calibration"]
             r["predicted_images_per_s"], r["comm_s"] = pred["images_per_s"], pred["comm_s"]
             if r["images_per_s"]:
                 r["model_error_pct"] = 100 * (pred["images_per_s"] - r["images_per_s"]) / r["images_per_s"]
-            if r["step_s"] and ref and ref.get("step_s"):
+            r["predicted_overlap"] = pred["step_s"] / max(ref["step_s"], pred["comm_s"])
+            if r["step_s"]:
                 r["overlap"] = r["step_s"] / max(ref["step_s"], pred["comm_s"])
+                r["hidden_pct"] = 100 * (1 - r["exposed_s"] / pred["comm_s"]) if pred["comm_s"] else None
     return dict(rates=rates, links=links, refs=refs, runs=runs, profile=profile, data_s=data_s)
 
 
@@ -740,7 +746,7 @@ def network_checks(net):
 
 NET_COLUMNS = ["row", "backend", "rate", "status", "processes", "threads_per_process", "images_per_s", "step_s",
                "one_host_images_per_s", "one_host_step_s", "efficiency", "exposed_s", "predicted_images_per_s",
-               "model_error_pct", "comm_s", "overlap", "wall_s", "note"]
+               "model_error_pct", "comm_s", "hidden_pct", "overlap", "predicted_overlap", "wall_s", "note"]
 
 
 def write_network_csv(net, path):
@@ -813,9 +819,9 @@ def write_network_md(net, checks, info, args, path):
               f"Seconds per optimizer step: the step time across {hosts} hosts minus the one-host step time of the "
               "same row (step time = images per step / images/s). Both runs do the same work per process, so the "
               "difference is what distribution adds: the all-reduce time not overlapped with the backward pass, "
-              "plus the rest of its cost (gloo's CPU use on a shared core, waiting for the slower host). In "
-              "brackets for the DDP rows: the all-reduce time of DDP's buckets at the measured link, the model's "
-              "communication time.", "",
+              "plus the rest of its cost (gloo's CPU use on a shared core, waiting for the slower host). For the "
+              "DDP rows, 'of': the all-reduce time of DDP's buckets at the measured link, and the share of it "
+              "hidden behind the backward pass.", "",
               "| row | 1 host step (s) | " + " | ".join(rates) + " |", "|---|--:|" + "--:|" * len(rates)]
     for row in rows:
         first = next((r for r in net["runs"] if r["row"] == row), None)
@@ -824,26 +830,35 @@ def write_network_md(net, checks, info, args, path):
         def exposed(r):
             if not r or r["status"] != "ok" or r.get("exposed_s") is None:
                 return cell(r, "exposed_s", 2)
-            return f"{r['exposed_s']:.2f}" + (f" ({r['comm_s']:.2f})" if r.get("comm_s") is not None else "")
+            if r.get("comm_s") is None:
+                return f"{r['exposed_s']:.2f}"
+            return f"{r['exposed_s']:.2f} of {r['comm_s']:.2f} ({max(0.0, r['hidden_pct']):.0f}% hidden)"
         lines.append(f"| {row} | {cell(ref, 'step_s', 3)} | " + " | ".join(exposed(runs.get((row, rate)))
                                                                         for rate in rates) + " |")
     modeled = [r for r in net["runs"] if r.get("predicted_images_per_s")]
     lines += ["", "## The model against the runs", ""]
     if modeled:
         prof = net["profile"]
+        ks = [r["calibration"] for r in modeled]
         lines += [f"tools/scaling_model.py with what it measured before the runs ({prof['source']}: forward "
                   f"{prof['forward_s'] * 1e3:.0f} ms, backward {prof['backward_s'] * 1e3:.0f} ms, optimizer "
                   f"{prof['optimizer_s'] * 1e3:.0f} ms; {prof['param_bytes'] / 1e6:.1f} MB of gradients in DDP buckets "
                   f"of {', '.join(format(b['bytes'] / 1e6, '.1f') for b in prof['buckets'])} MB; data "
-                  f"{net['data_s'] * 1e3:.0f} ms a micro-batch) and the link measured at that rate. It overlaps "
-                  "each bucket's all-reduce with the rest of the backward pass; it does not know the CPU the "
-                  "all-reduces take from the backward pass.", "",
-                  "| row | link | measured images/s | predicted | error | step / max(compute, comm) |",
-                  "|---|---|--:|--:|--:|--:|"]
+                  f"{net['data_s'] * 1e3:.0f} ms a micro-batch), its times scaled to the one-host run's step "
+                  f"of the row (by {min(ks):.2f} to {max(ks):.2f}: the profile gives the split, the run the speed "
+                  "on the day), and the link measured at that rate. It overlaps each bucket's all-reduce with the "
+                  "rest of the backward pass; it does not know the CPU the all-reduces and the network stack "
+                  "take from the computation on the same cores.", "",
+                  "step / max(compute, comm): the step time over the larger of the one-host step and the "
+                  "all-reduce time, measured and as the model has it. It cannot reach 1.0 where the two are "
+                  "close: the forward pass cannot overlap any all-reduce, and DDP's last bucket (the first "
+                  "layers' gradients) starts only when the backward pass ends.", "",
+                  "| row | link | measured images/s | predicted | error | step / max(compute, comm) | model's |",
+                  "|---|---|--:|--:|--:|--:|--:|"]
         for r in modeled:
             lines.append(f"| {r['row']} | {r['rate']} | {fmt(r['images_per_s'], 2)} | "
                          f"{fmt(r['predicted_images_per_s'], 2)} | {fmt(r['model_error_pct'], 0)}% | "
-                         f"{fmt(r.get('overlap'), 2)} |")
+                         f"{fmt(r.get('overlap'), 2)} | {fmt(r.get('predicted_overlap'), 2)} |")
     else:
         lines.append("No prediction: no DDP row ran, or the profile or the link measurement is missing.")
     lines += ["", "## Bars", "", "| check | what | bar | measured | result |", "|---|---|---|---|---|"]

@@ -92,7 +92,7 @@ net_data() {  # global batch -> the folder (made if absent)
 # ---- one run: a command per host, at once; waits for all, within NET_TIMEOUT ----
 NET_PIDS=()
 NET_TAG=
-kill_run() {  # everything still running of the current run, in our hosts and here
+kill_run() {  # everything still running of the current run: what we started, and what it started in our hosts
     local tag=$NET_TAG pid h
     [[ -n $tag ]] || return 0
     for pid in "${NET_PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; done
@@ -101,7 +101,6 @@ kill_run() {  # everything still running of the current run, in our hosts and he
             grep -qaF -- "$tag" "/proc/$pid/cmdline" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
         done
     done
-    for pid in $(pgrep -f -- "$tag" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
     NET_PIDS=()
 }
 

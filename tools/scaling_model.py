@@ -39,6 +39,9 @@ Where the inputs come from:
             device), the backward's per-layer times in proportion to each layer's FLOPs, and the buckets
             made as DDP makes them (the parameters in reverse order of definition)
 
+With --alone-step S (a measured step of one process alone: the one-host run of start.sh --hosts) the
+profile's times are scaled so that its step alone takes S: the profile gives the split, the run the speed.
+
 What it leaves out: the CPU an all-reduce takes from the backward pass it overlaps (on GPUs NCCL runs on the
 GPU's own copy engines and a few SMs), stragglers, the data loader (unless --loader-ips), and the forward
 pass's own collectives (FSDP, SyncBatchNorm): it models DDP.
@@ -149,6 +152,7 @@ def measure_profile(arch, image_size, batch, num_classes, threads, steps, warmup
                 compress_s_per_byte=min(casts) / sum(sizes),
                 buckets=[dict(bytes=sum(sizes[i] for i in b), ready_s=max(ready_s[i] for i in b), params=len(b))
                          for b in buckets],
+                params=[dict(bytes=sizes[i], ready_s=ready_s[i]) for i in range(len(params))],
                 ddp_bucket_bytes=logged.get("rebuilt_bucket_sizes", ""))
 
 
@@ -202,6 +206,7 @@ def given_profile(arch, image_size, batch, num_classes, images_per_s):
                 compress_s_per_byte=0.0,
                 buckets=[dict(bytes=sum(sizes[i] for i in b), ready_s=max(ready_s[i] for i in b), params=len(b))
                          for b in buckets],
+                params=[dict(bytes=sizes[i], ready_s=ready_s[i]) for i in range(len(params))],
                 ddp_bucket_bytes="")
 
 
@@ -249,6 +254,27 @@ class Link:
 
 
 # ---- the model ----
+
+def calibrated(profile, alone_s, accum=1, data_s=0.0):
+    """The profile with its times scaled so that one process's step alone (accum micro-batches and the
+    optimizer) takes alone_s, a measured figure: the profile gives the split (forward, backward, when each
+    bucket is ready), the measurement the speed on the day, loader included."""
+    own = accum * (data_s + profile["forward_s"] + profile["backward_s"]) + profile["optimizer_s"]
+    k = alone_s / own
+    return dict(profile, forward_s=k * (data_s + profile["forward_s"]), backward_s=k * profile["backward_s"],
+                optimizer_s=k * profile["optimizer_s"], buckets=[dict(b, ready_s=k * b["ready_s"])
+                                                                 for b in profile["buckets"]], calibration=k)
+
+
+def rebucket(profile, cap_mb):
+    """The profile with DDP's buckets for bucket_cap_mb=cap_mb (given explicitly, DDP uses it for the first
+    bucket too), made from the parameters' ready times: what a smaller last bucket would hide."""
+    params = sorted(profile["params"], key=lambda p: p["ready_s"])
+    cap = int(cap_mb * MiB)
+    groups = ddp_buckets([p["bytes"] for p in params], first_cap=cap, cap=cap)
+    return dict(profile, buckets=[dict(bytes=sum(params[i]["bytes"] for i in g),
+                                       ready_s=max(params[i]["ready_s"] for i in g), params=len(g)) for g in groups])
+
 
 def step_time(profile, link, nodes, per_node, compression="none", accum=1, data_s=0.0):
     """One optimizer step of one process (see the module's docstring). Returns a dict of seconds and rates."""
@@ -344,6 +370,12 @@ def cmd_predict(args):
     else:
         fail("give the compute: --profile PROFILE.json (measured) or -a ARCH --images-per-s N --batch B (given)")
     data_s = profile["batch"] / args.loader_ips if args.loader_ips else 0.0
+    if args.alone_step:
+        profile, data_s = calibrated(profile, args.alone_step, args.accum, data_s), 0.0
+    if args.bucket_cap_mb:
+        if "params" not in profile:
+            fail(f"--bucket-cap-mb: the profile has no per-parameter times (made by an older {PROG})")
+        profile = rebucket(profile, args.bucket_cap_mb)
     rows = []
     try:
         for link in links:
@@ -417,6 +449,11 @@ def main():
     pd.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (default 1)")
     pd.add_argument("--loader-ips", type=float,
                     help="images/s one process decodes (loader_bench.py): with -j 0 it adds batch / N a micro-batch")
+    pd.add_argument("--bucket-cap-mb", type=float, metavar="MB",
+                    help="what if DDP had bucket_cap_mb=MB: the buckets remade from the parameters' ready times")
+    pd.add_argument("--alone-step", type=float, metavar="S",
+                    help="measured seconds of one optimizer step of one process alone (same micro-batch and --accum): "
+                         "the profile's times are scaled to it")
     pd.add_argument("--json", metavar="PATH", help="write the rows here")
     pd.add_argument("--markdown", action="store_true", help="print the rows as a Markdown table")
     pd.set_defaults(func=cmd_predict)
@@ -429,6 +466,10 @@ def main():
             p.error("--link-efficiency and --intra-busbw must be positive, --latency-us not negative")
         if args.loader_ips is not None and args.loader_ips <= 0:
             p.error("--loader-ips must be positive")
+        if args.alone_step is not None and args.alone_step <= 0:
+            p.error("--alone-step must be positive")
+        if args.bucket_cap_mb is not None and args.bucket_cap_mb <= 0:
+            p.error("--bucket-cap-mb must be positive")
     args.func(args)
 
 
