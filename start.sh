@@ -71,6 +71,7 @@ Options and environment (flags win over environment):
   --steps N     STEPS, training steps per run with --hosts
   HOSTS_PREFIX, HOSTS_NET  the test hosts' names and /24 with --hosts (default nb, 10.213.9)
   ALLREDUCE_MAX the largest all-reduce tools/allreduce_bench.py times per link with --hosts (16M)
+  NET_TIMEOUT   seconds one run may take with --hosts before it counts as failed (900)
   DATA, ARCH (resnet18), IMAGE_SIZE (224), PROCS, GPUS, PRINT_FREQ,
   PYTHON (default: .venv/bin/python if present, else python3), TORCHRUN
   PEAK_TFLOPS   peak TFLOP/s of the hardware one run uses, in all, for the MFU column (default: on

@@ -15,7 +15,7 @@
 # and tools/benchmark_report.py --network compares its predictions with the runs.
 #
 # Uses from start.sh: PROG ROOT PYTHON TORCHRUN RESULTS ARCH IMAGE_SIZE BATCH WORKERS PRINT_FREQ CORES
-# CMDLINE, die, shell_word, progress_text, IS_TTY, and NHOSTS LINKS ROWS STEPS set by its options.
+# CMDLINE FAILED IS_TTY, die, progress_text, and NHOSTS LINKS ROWS STEPS set by its options.
 
 NET_PREFIX=${HOSTS_PREFIX:-nb}      # our own set of hosts, apart from the tests' node0, node1, ...
 NET_NET=${HOSTS_NET:-10.213.9}
