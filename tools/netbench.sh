@@ -66,6 +66,7 @@ HELP_DIR=
 missing_options() {
     local script=$1 word opt missing=""
     shift
+    (($#)) || return 0  # no options to look for: no need to start the script
     [[ -n $HELP_DIR ]] || HELP_DIR=$(mktemp -d)
     if [[ ! -e $HELP_DIR/$script ]]; then  # its options, one a line
         "$PYTHON" "$ROOT/$script" --help 2>&1 | grep -oE -- '--?[A-Za-z0-9][A-Za-z0-9_-]*' >"$HELP_DIR/$script" || true

@@ -48,7 +48,6 @@ pass's own collectives (FSDP, SyncBatchNorm): it models DDP.
 """
 import argparse
 import json
-import math
 import os
 import re
 import statistics
