@@ -375,7 +375,8 @@ network_benchmark() {
         fi
         local gb=$((BATCH / NHOSTS * R_K))
         PROGRESS_BATCH=$gb
-        run_hosts "$ref" "1 host" - 1 "$THREADS" "$RUNS/1host/$ref" - -- "$TORCHRUN" --standalone --nproc_per_node=1 \
+        # plain python: the script makes a world of one itself, and no launcher shares the host's core
+        run_hosts "$ref" "1 host" - 1 "$THREADS" "$RUNS/1host/$ref" - -- "$PYTHON" \
             "$R_SCRIPT" --data "$(net_data "$gb")" -a "$ARCH" -b "$gb" --epochs 1 -j "$WORKERS" \
             --image-size "$IMAGE_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" "${R_ARGS[@]}" --output-dir "$RUNS/1host/$ref"
     done
