@@ -933,12 +933,13 @@ def write_network_png(net, checks, info, args, path):
                 continue
             w = int(r["images_per_s"] / vmax * chart_w)
             d.rectangle([x0, yy, x0 + max(w, 1), yy + bar_h - 3], fill=colour[rate])
-            text = f"{rate} {r['images_per_s']:.1f}"
+            text, end = f"{rate} {r['images_per_s']:.1f}", x0 + w
             if r.get("predicted_images_per_s"):
                 px = x0 + int(r["predicted_images_per_s"] / vmax * chart_w)
                 d.line([(px, yy - 1), (px, yy + bar_h - 2)], fill="black", width=3)
                 text += f" (model {r['predicted_images_per_s']:.1f})"
-            d.text((max(x0 + w, x0) + 6, yy), text, fill="black", font=f_small)
+                end = max(end, px + 2)
+            d.text((end + 6, yy), text, fill="black", font=f_small)
     y = top + chart_h + 36
     for c in checks:
         col = {True: "#1a7f37", False: "#cf222e"}.get(c["ok"], "#666")
