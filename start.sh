@@ -105,7 +105,7 @@ while (($#)); do
         -e) (($# >= 2)) || die "-e needs a value"; EPOCHS=$2; shift 2 ;;
         -b) (($# >= 2)) || die "-b needs a value"; BATCH=$2; shift 2 ;;
         -j) (($# >= 2)) || die "-j needs a value"; WORKERS=$2; shift 2 ;;
-        --only) (($# >= 2)) || die "--only needs a value"; BACKENDS=$2; shift 2 ;;
+        --only) (($# >= 2)) || die "--only needs a value"; BACKENDS=$2; BACKENDS_GIVEN=1; shift 2 ;;
         --hosts) (($# >= 2)) || die "--hosts needs a value"; NHOSTS=$2; shift 2 ;;
         --link) (($# >= 2)) || die "--link needs a value"; LINKS=$2; shift 2 ;;
         --rows) (($# >= 2)) || die "--rows needs a value"; ROWS=$2; shift 2 ;;
@@ -142,6 +142,7 @@ if [[ -n ${NHOSTS:-} ]]; then
     done
     [[ -n ${LINKS//,/} ]] || die "--link needs at least one rate"
     [[ -n ${ROWS//,/} ]] || die "--rows needs at least one row"
+    [[ -z ${BACKENDS_GIVEN:-}${EPOCHS:-} ]] || die "--only and -e do not go with --hosts: --rows and --steps do that"
 elif [[ -n ${LINKS:-}${ROWS:-}${STEPS:-} ]]; then
     die "--link, --rows and --steps go with --hosts N"
 fi
