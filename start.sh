@@ -142,7 +142,7 @@ if [[ -n ${NHOSTS:-} ]]; then
     done
     [[ -n ${LINKS//,/} ]] || die "--link needs at least one rate"
     [[ -n ${ROWS//,/} ]] || die "--rows needs at least one row"
-    [[ -z ${BACKENDS_GIVEN:-}${EPOCHS:-} ]] || die "--only and -e do not go with --hosts: --rows and --steps do that"
+    [[ -z ${BACKENDS_GIVEN:-} && ${EPOCHS:-1} == 1 ]] || die "--only and -e do not go with --hosts: --rows and --steps do that"
 elif [[ -n ${LINKS:-}${ROWS:-}${STEPS:-} ]]; then
     die "--link, --rows and --steps go with --hosts N"
 fi
