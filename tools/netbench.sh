@@ -259,23 +259,30 @@ horovod_teardown() {
 }
 
 SLURM_LOCK=/tmp/slurm-cluster.lock  # tests/test_multihost.py takes it too while the cluster has two nodes
-SLURM_HELD=0
+SLURM_HELD=0   # we hold the lock
+SLURM_MOVED=0  # we moved the cluster onto our hosts
 slurm_setup() {  # the local cluster of tools/slurm-local.sh, on our hosts, while we hold its lock
     command -v srun >/dev/null && command -v sinfo >/dev/null || { echo "no Slurm (sinfo/srun not installed) — bash tools/slurm-local.sh up"; return 1; }
-    bash "$ROOT/tools/slurm-local.sh" status >/dev/null 2>&1 || { echo "no local Slurm cluster running — bash tools/slurm-local.sh up"; return 1; }
     exec {SLURM_FD}>>"$SLURM_LOCK"
     flock -w 300 "$SLURM_FD" || { echo "$SLURM_LOCK held by another user for 300 s"; return 1; }
     SLURM_HELD=1
+    # under the lock: no one else has the cluster on hosts of theirs, so it is the one-node cluster or none
+    bash "$ROOT/tools/slurm-local.sh" status >/dev/null 2>&1 || { echo "no local Slurm cluster running — bash tools/slurm-local.sh up"; return 1; }
+    SLURM_MOVED=1
     HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET bash "$ROOT/tools/slurm-local.sh" up --nodes "$NHOSTS" \
         >"$RUNS/slurm-up.log" 2>&1 || { echo "tools/slurm-local.sh up --nodes $NHOSTS failed: see $RUNS/slurm-up.log"; return 1; }
 }
 
 slurm_teardown() {  # back to the one-node cluster, for whoever uses it next
-    ((SLURM_HELD)) || return 0
-    bash "$ROOT/tools/slurm-local.sh" up >>"$RUNS/slurm-up.log" 2>&1 ||
-        echo "$PROG: warning: tools/slurm-local.sh up (back to one node) failed: see $RUNS/slurm-up.log" >&2
-    flock -u "$SLURM_FD"
-    SLURM_HELD=0
+    if ((SLURM_MOVED)); then
+        bash "$ROOT/tools/slurm-local.sh" up >>"$RUNS/slurm-up.log" 2>&1 ||
+            echo "$PROG: warning: tools/slurm-local.sh up (back to one node) failed: see $RUNS/slurm-up.log" >&2
+        SLURM_MOVED=0
+    fi
+    if ((SLURM_HELD)); then
+        flock -u "$SLURM_FD"
+        SLURM_HELD=0
+    fi
 }
 
 # ---- the benchmark ----
