@@ -11,6 +11,7 @@ cd "$ROOT"
 usage() {
     cat <<EOF
 Usage: [VAR=value ...] bash $PROG [-h] [-o RESULTS_DIR] [-e EPOCHS] [-b BATCH] [-j WORKERS] [--only a,b,...]
+       [VAR=value ...] bash $PROG --hosts N [--link RATE,...] [--rows ROW,...] [--steps N] [-o DIR] [-b BATCH]
 
 Trains with each backend in turn, each under statistics.sh, and writes
 RESULTS_DIR/benchmark.csv, benchmark.md and benchmark.png (default RESULTS_DIR: results).
@@ -41,12 +42,36 @@ GPU nodes: DATA=/path/to/imagenet GPUS=0,1,2,3 bash $PROG
   WORKERS=min(8, nproc / GPUs) per process, statistics from nvidia-smi. Without GPUS,
   every GPU that nvidia-smi -L lists is used; GPUS=none forces the CPU configuration.
 
+Across test hosts over shaped links (as root; RESULTS_DIR/benchmark-network.{csv,md,png}):
+  bash $PROG --hosts 2 --link 100mbit,300mbit,1gbit
+  N test hosts (tools/hosts.sh: network namespaces on this machine, HOSTS_PREFIX nb, HOSTS_NET
+  10.213.9), one training process in each, every host's eth0 shaped with tc to each RATE in turn
+  (kbit, mbit or gbit; 'unshaped' for the bare virtual link). Per rate, tools/allreduce_bench.py
+  measures the link first; then each row runs at each rate, and once in one process (one host) with
+  the same work per process. A row is a backend (distributed, apex, fsdp, multiprocessing,
+  horovod, slurm) with optional +TAGs: bf16 or fp16 (--grad-compression), accumK
+  (--gradient-accumulation-steps K, global batch K x BATCH: the same micro-batch per process), or a
+  script option as one word (distributed+--amp=bf16). A row whose script lacks an option is listed
+  as not run. tools/scaling_model.py measures one process's compute first, and the report sets its
+  predictions beside the measured images/s. Defaults: ResNet-18, 64 px, global batch 16 (8 per
+  process), STEPS=8 steps (the first 2 left out of images/s), -j 0, links 100mbit,300mbit,1gbit,
+  rows distributed,distributed+bf16,distributed+accum4,multiprocessing,apex,fsdp,horovod,slurm.
+  About 15 minutes on 2 cores. slurm reconfigures the local cluster of tools/slurm-local.sh to the
+  test hosts (under /tmp/slurm-cluster.lock) and puts the one-node cluster back.
+
 Options and environment (flags win over environment):
   -o DIR        RESULTS (default: results)
   -e N          EPOCHS (last epoch is reported)
   -b N          BATCH, global batch
   -j N          WORKERS, data loader processes per training process
   --only LIST   BACKENDS, comma-separated subset of the names above
+  --hosts N     NHOSTS: the benchmark across N test hosts (above)
+  --link LIST   LINKS, rates for --hosts
+  --rows LIST   ROWS, rows for --hosts
+  --steps N     STEPS, training steps per run with --hosts
+  HOSTS_PREFIX, HOSTS_NET  the test hosts' names and /24 with --hosts (default nb, 10.213.9)
+  ALLREDUCE_MAX the largest all-reduce tools/allreduce_bench.py times per link with --hosts (16M)
+  NET_TIMEOUT   seconds one run may take with --hosts before it counts as failed (900)
   DATA, ARCH (resnet18), IMAGE_SIZE (224), PROCS, GPUS, PRINT_FREQ,
   PYTHON (default: .venv/bin/python if present, else python3), TORCHRUN
   PEAK_TFLOPS   peak TFLOP/s of the hardware one run uses, in all, for the MFU column (default: on
@@ -65,7 +90,8 @@ shell_word() {  # $1 as the shell reads it back: bare when safe, else quoted
 }
 CMDLINE=
 for v in ONEDNN_MAX_CPU_ISA ATEN_CPU_CAPABILITY \
-         DATA ARCH IMAGE_SIZE PROCS GPUS EPOCHS BATCH WORKERS PRINT_FREQ BACKENDS RESULTS PEAK_TFLOPS; do
+         DATA ARCH IMAGE_SIZE PROCS GPUS EPOCHS BATCH WORKERS PRINT_FREQ BACKENDS RESULTS PEAK_TFLOPS \
+         NHOSTS LINKS ROWS STEPS HOSTS_PREFIX HOSTS_NET ALLREDUCE_MAX; do
     [[ -n ${!v+set} ]] && CMDLINE+="$v=$(shell_word "${!v}") "
 done
 CMDLINE+="bash $PROG"
@@ -79,7 +105,11 @@ while (($#)); do
         -e) (($# >= 2)) || die "-e needs a value"; EPOCHS=$2; shift 2 ;;
         -b) (($# >= 2)) || die "-b needs a value"; BATCH=$2; shift 2 ;;
         -j) (($# >= 2)) || die "-j needs a value"; WORKERS=$2; shift 2 ;;
-        --only) (($# >= 2)) || die "--only needs a value"; BACKENDS=$2; shift 2 ;;
+        --only) (($# >= 2)) || die "--only needs a value"; BACKENDS=$2; BACKENDS_GIVEN=1; shift 2 ;;
+        --hosts) (($# >= 2)) || die "--hosts needs a value"; NHOSTS=$2; shift 2 ;;
+        --link) (($# >= 2)) || die "--link needs a value"; LINKS=$2; shift 2 ;;
+        --rows) (($# >= 2)) || die "--rows needs a value"; ROWS=$2; shift 2 ;;
+        --steps) (($# >= 2)) || die "--steps needs a value"; STEPS=$2; shift 2 ;;
         *) die "unknown argument '$1' (see -h)" ;;
     esac
 done
@@ -92,7 +122,30 @@ if [[ -z ${TORCHRUN:-} ]]; then
 fi
 CORES=$(nproc)
 
-# ---- configuration: GPU node or CPU ----
+# ---- configuration: across test hosts, GPU node or CPU ----
+if [[ -n ${NHOSTS:-} ]]; then
+    [[ $NHOSTS =~ ^[0-9]+$ ]] && ((NHOSTS >= 2 && NHOSTS <= 16)) || die "--hosts wants 2 to 16 hosts, not '$NHOSTS'"
+    # the hosts share this machine's CPUs: one process each, gloo, the CPU configuration below; small
+    # images, so that a step's compute and its all-reduce at 100mbit to 1gbit span comm- to compute-bound
+    GPUS=none
+    IMAGE_SIZE=${IMAGE_SIZE:-64}
+    BATCH=${BATCH:-16}
+    WORKERS=${WORKERS:-0}  # the loader in the training process: no second process contends for its core
+    PRINT_FREQ=${PRINT_FREQ:-1}
+    STEPS=${STEPS:-8}
+    LINKS=${LINKS:-100mbit,300mbit,1gbit}
+    ROWS=${ROWS:-distributed,distributed+bf16,distributed+accum4,multiprocessing,apex,fsdp,horovod,slurm}
+    [[ $STEPS =~ ^[0-9]+$ ]] && ((STEPS >= 3)) || die "--steps wants 3 or more (2 are warm-up), not '$STEPS'"
+    for rate in ${LINKS//,/ }; do
+        [[ $rate == unshaped || $rate =~ ^[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)$ ]] ||
+            die "--link: '$rate' is not a rate such as 100mbit or 1gbit, or unshaped"
+    done
+    [[ -n ${LINKS//,/} ]] || die "--link needs at least one rate"
+    [[ -n ${ROWS//,/} ]] || die "--rows needs at least one row"
+    [[ -z ${BACKENDS_GIVEN:-} && ${EPOCHS:-1} == 1 ]] || die "--only and -e do not go with --hosts: --rows and --steps do that"
+elif [[ -n ${LINKS:-}${ROWS:-}${STEPS:-} ]]; then
+    die "--link, --rows and --steps go with --hosts N"
+fi
 if [[ -z ${GPUS+set} ]] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU' >/dev/null; then  # not grep -q: under pipefail its early exit can fail nvidia-smi with SIGPIPE
     GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
 fi
@@ -136,31 +189,6 @@ if [[ -n ${PEAK_TFLOPS:-} ]]; then
     export PEAK_TFLOPS
 fi
 
-if [[ $DATA == data/demo && ! -d data/demo ]]; then
-    echo "$PROG: creating the demo data set in data/demo"
-    "$PYTHON" tools/make_demo_data.py --out data/demo
-fi
-if [[ $DATA == data/imagenet-shaped && ! -d data/imagenet-shaped ]]; then
-    echo "$PROG: creating the ImageNet-shaped data set in data/imagenet-shaped (a few minutes)"
-    "$PYTHON" tools/make_demo_data.py --imagenet --out data/imagenet-shaped --train-images 20000 --val-images 5000
-fi
-[[ -d $DATA ]] || die "data folder $DATA does not exist"
-# one loader process's images/s per core on this data: the scripts' decode + training transform
-LOADER_IPS=$("$PYTHON" -W ignore tools/loader_bench.py --data "$DATA" --paths tv --quick --images 200 --rounds 1 \
-             --image-size "$IMAGE_SIZE" 2>/dev/null) || LOADER_IPS=""
-[[ $LOADER_IPS =~ ^[0-9]+$ ]] || LOADER_IPS=""
-
-RUNS=$RESULTS/runs
-rm -rf -- "$RUNS"
-mkdir -p "$RUNS"
-MANIFEST=$RUNS/manifest.tsv
-: >"$MANIFEST"
-
-COMMON=(--data "$DATA" -a "$ARCH" -b "$BATCH" --epochs "$EPOCHS" -j "$WORKERS" --image-size "$IMAGE_SIZE"
-        -p "$PRINT_FREQ")
-THREAD_ARGS=()
-[[ $MODE == cpu ]] && THREAD_ARGS=(--threads "$THREADS")
-
 free_port() { "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 IS_TTY=0
@@ -191,7 +219,7 @@ progress_text() {  # name log start-seconds
     line=$(grep -a -o 'Epoch \[[0-9]*\]\[[0-9]*/[0-9]*\].*s/step' "$log" 2>/dev/null | tail -n 1 || true)
     if [[ $line =~ Epoch\ \[([0-9]+)\]\[([0-9]+)/([0-9]+)\].*\ ([0-9.]+)\ s/step ]]; then
         ep=${BASH_REMATCH[1]}; step=${BASH_REMATCH[2]}; n=${BASH_REMATCH[3]}; sps=${BASH_REMATCH[4]}
-        ips=$(awk -v b="$BATCH" -v s="$sps" 'BEGIN { if (s > 0) printf "%.1f", b / s; else print "?" }')
+        ips=$(awk -v b="${PROGRESS_BATCH:-$BATCH}" -v s="$sps" 'BEGIN { if (s > 0) printf "%.1f", b / s; else print "?" }')
         status="epoch $((ep + 1))/$EPOCHS  step $step/$n  $ips img/s"
         if ((step == n)); then
             if grep -aq ' \* Acc@1' "$log" && (($(grep -ac ' \* Acc@1' "$log") > ep)); then
@@ -243,6 +271,37 @@ run_backend() {  # name label procs threads gpus -- command...
 }
 
 wanted() { [[ ,$BACKENDS, == *",$1,"* ]]; }
+
+if [[ -n ${NHOSTS:-} ]]; then  # the benchmark across test hosts: its own data, runs and report
+    source "$ROOT/tools/netbench.sh"
+    network_benchmark  # exits
+fi
+
+if [[ $DATA == data/demo && ! -d data/demo ]]; then
+    echo "$PROG: creating the demo data set in data/demo"
+    "$PYTHON" tools/make_demo_data.py --out data/demo
+fi
+if [[ $DATA == data/imagenet-shaped && ! -d data/imagenet-shaped ]]; then
+    echo "$PROG: creating the ImageNet-shaped data set in data/imagenet-shaped (a few minutes)"
+    "$PYTHON" tools/make_demo_data.py --imagenet --out data/imagenet-shaped --train-images 20000 --val-images 5000
+fi
+[[ -d $DATA ]] || die "data folder $DATA does not exist"
+# one loader process's images/s per core on this data: the scripts' decode + training transform
+LOADER_IPS=$("$PYTHON" -W ignore tools/loader_bench.py --data "$DATA" --paths tv --quick --images 200 --rounds 1 \
+             --image-size "$IMAGE_SIZE" 2>/dev/null) || LOADER_IPS=""
+[[ $LOADER_IPS =~ ^[0-9]+$ ]] || LOADER_IPS=""
+
+RUNS=$RESULTS/runs
+rm -rf -- "$RUNS"
+mkdir -p "$RUNS"
+MANIFEST=$RUNS/manifest.tsv
+: >"$MANIFEST"
+
+COMMON=(--data "$DATA" -a "$ARCH" -b "$BATCH" --epochs "$EPOCHS" -j "$WORKERS" --image-size "$IMAGE_SIZE"
+        -p "$PRINT_FREQ")
+THREAD_ARGS=()
+[[ $MODE == cpu ]] && THREAD_ARGS=(--threads "$THREADS")
+
 
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 if [[ $MODE == gpu ]]; then

@@ -490,19 +490,21 @@ def nice_step(x):
     return next(m * base for m in (1, 2, 5, 10) if m * base >= x)
 
 
-def write_png(rows, checks, info, args, path):
-    from PIL import Image, ImageDraw, ImageFont
-
-    def font(size, bold=False):
-        for name in (("DejaVuSans-Bold.ttf" if bold else "DejaVuSans.ttf"),):
-            try:
-                return ImageFont.truetype(name, size)
-            except OSError:
-                pass
+def font(size, bold=False):
+    from PIL import ImageFont
+    for name in (("DejaVuSans-Bold.ttf" if bold else "DejaVuSans.ttf"),):
         try:
-            return ImageFont.load_default(size=size)
-        except TypeError:  # Pillow < 10.1
-            return ImageFont.load_default()
+            return ImageFont.truetype(name, size)
+        except OSError:
+            pass
+    try:
+        return ImageFont.load_default(size=size)
+    except TypeError:  # Pillow < 10.1
+        return ImageFont.load_default()
+
+
+def write_png(rows, checks, info, args, path):
+    from PIL import Image, ImageDraw
 
     ok_rows = [r for r in rows if r["status"] == "ok" and r["images_per_s"]]
     others = [r for r in rows if r["status"] != "ok"]
@@ -587,6 +589,400 @@ def png_mfu_line(ok_rows, model):
             f"forward + backward): {per}{blank}")
 
 
+# ---- the benchmark across test hosts: start.sh --hosts N --link RATES ----
+# Its runs are under RESULTS/runs-network: manifest.tsv (row, rate, the one-host row it is compared with,
+# status, processes, threads, exit status, wall seconds, command or reason), RATE/ROW/metrics.jsonl for
+# each run across the hosts, 1host/ROW/metrics.jsonl for the one-process runs, allreduce-RATE.json
+# (tools/allreduce_bench.py) for each link and profile.json (tools/scaling_model.py profile).
+
+ONE_HOST = "1 host"
+# (name, minimum or maximum, what): measured within the run, on a comm-bound link (the slowest rate)
+NET_COMPRESSION_MIN, NET_ACCUM_MIN, NET_ACCUM_K = 1.6, 2.5, 4
+NET_OVERLAP_MAX = 1.15  # step time over max(compute, communication)
+NET_MODEL_ERR, NET_MODEL_RATES = 15.0, 3  # % off the measured images/s, at this many rates or more
+MODELED = ("distributed", "multiprocessing", "slurm")  # launchers of distributed.py's DDP step (the model's)
+
+
+def row_parts(row):
+    """'distributed+bf16+accum4' -> ('distributed', 'bf16', 4, []): the backend, the gradient compression, the
+    micro-batches per step and any other tags (script options), as start.sh's netbench.sh reads a row."""
+    backend, *tags = row.split("+")
+    compression, k, other = "none", 1, []
+    for t in tags:
+        if t in ("bf16", "fp16"):
+            compression = t
+        elif re.fullmatch(r"accum[1-9]\d*", t):
+            k = int(t[5:])
+        else:
+            other.append(t)
+    return backend, compression, k, other
+
+
+def rate_key(rate):
+    """Slowest first; the unshaped link last."""
+    from scaling_model import parse_rate
+    try:
+        return parse_rate(rate)
+    except ValueError:
+        return math.inf
+
+
+def last_metrics(path):
+    m = read_metrics(path)
+    return m[-1] if m else {}
+
+
+def summarise_network(results, hosts, batch, loader_ips=None, workers=0):
+    from scaling_model import Link, calibrated, step_time
+    runs_dir = os.path.join(results, "runs-network")
+    manifest = []
+    with open(os.path.join(runs_dir, "manifest.tsv")) as f:
+        for line in f:
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) >= 9:
+                manifest.append(dict(zip(("row", "rate", "ref", "status", "processes", "threads", "rc", "wall",
+                                          "command"), parts[:9])))
+    profile_path = os.path.join(runs_dir, "profile.json")
+    profile = json.load(open(profile_path)) if os.path.isfile(profile_path) else None
+    rates = sorted(dict.fromkeys(m["rate"] for m in manifest if m["rate"] != ONE_HOST), key=rate_key)
+    links = {}
+    for rate in rates:
+        path = os.path.join(runs_dir, f"allreduce-{rate}.json")
+        if os.path.isfile(path):
+            bench = json.load(open(path))
+            links[rate] = dict(bench=bench, link=Link.from_bench(path), path=path)
+    refs, runs = {}, []
+    for m in manifest:
+        if m["row"] == "allreduce":
+            continue
+        backend, compression, k, other = row_parts(m["row"])
+        one = m["rate"] == ONE_HOST
+        d = os.path.join(runs_dir, "1host" if one else m["rate"], m["row"])
+        last = last_metrics(os.path.join(d, "metrics.jsonl")) if m["status"] == "ok" else {}
+        ips = last.get("train_images_per_s")
+        images = (batch // hosts if one else batch) * k  # images per optimizer step, all processes
+        r = dict(row=m["row"], backend=backend, compression=compression, accum=k, other=other, rate=m["rate"],
+                 ref=m["ref"], status=m["status"] if (ips or m["status"] != "ok") else "failed",
+                 processes=m["processes"], threads=m["threads"], wall_s=m["wall"], images_per_s=ips,
+                 step_s=images / ips if ips else None, images_per_step=images, command=as_typed(m["command"]),
+                 note="" if m["status"] == "ok" and ips else
+                 (as_typed(m["command"]) if m["status"] == "skipped" else
+                  f"exit status {m['rc']}; see runs-network/{os.path.relpath(d, runs_dir)}/host*.log"))
+        (refs.__setitem__(m["row"], r) if one else runs.append(r))
+    data_s = (profile["batch"] / loader_ips) if profile and loader_ips and not workers else 0.0
+    for r in runs:
+        ref = refs.get(r["ref"])
+        ok = r["images_per_s"] and ref and ref.get("images_per_s")
+        r["one_host_images_per_s"] = ref["images_per_s"] if ref else None
+        r["one_host_step_s"] = ref["step_s"] if ref else None
+        r["efficiency"] = r["images_per_s"] / (hosts * ref["images_per_s"]) if ok else None
+        r["exposed_s"] = r["step_s"] - ref["step_s"] if ok else None
+        r["predicted_images_per_s"] = r["model_error_pct"] = r["comm_s"] = r["overlap"] = None
+        r["predicted_overlap"] = r["hidden_pct"] = None
+        link = links.get(r["rate"])
+        if profile and link and r["backend"] in MODELED and not r["other"] and ref and ref.get("step_s"):
+            # the profile's split at the speed of the one-host run, which ran the same steps in one process
+            prof = calibrated(profile, ref["step_s"], r["accum"], data_s)
+            pred = step_time(prof, link["link"], hosts, 1, r["compression"], r["accum"])
+            r["calibration"] = prof["calibration"]
+            r["predicted_images_per_s"], r["comm_s"] = pred["images_per_s"], pred["comm_s"]
+            if r["images_per_s"]:
+                r["model_error_pct"] = 100 * (pred["images_per_s"] - r["images_per_s"]) / r["images_per_s"]
+            r["predicted_overlap"] = pred["step_s"] / max(ref["step_s"], pred["comm_s"])
+            if r["step_s"]:
+                r["overlap"] = r["step_s"] / max(ref["step_s"], pred["comm_s"])
+                r["hidden_pct"] = 100 * (1 - r["exposed_s"] / pred["comm_s"]) if pred["comm_s"] else None
+    return dict(rates=rates, links=links, refs=refs, runs=runs, profile=profile, data_s=data_s)
+
+
+def network_checks(net):
+    """The run's answers to the questions it is for, each a measured ratio against its bar."""
+    by = {(r["row"], r["rate"]): r for r in net["runs"] if r["status"] == "ok"}
+    rates = [x for x in net["rates"] if x != "unshaped"] or net["rates"]
+    slow = rates[0] if rates else None
+    checks = []
+
+    def ratio_check(name, row, base, minimum, what):
+        t, b = by.get((row, slow)), by.get((base, slow))
+        if t and b:
+            ratio = t["images_per_s"] / b["images_per_s"]
+            checks.append(dict(name=name, what=what, bar=f">= {minimum:.1f}x", ok=ratio >= minimum, value=ratio,
+                               text=f"{t['images_per_s']:.2f} / {b['images_per_s']:.2f} img/s = {ratio:.2f}x"))
+        else:
+            checks.append(dict(name=name, what=what, bar=f">= {minimum:.1f}x", ok=None, value=None,
+                               text=f"not measured: {row if not t else base} did not run at {slow}"))
+
+    ratio_check("compression", "distributed+bf16", "distributed", NET_COMPRESSION_MIN,
+                f"DDP with bf16 gradients (--grad-compression bf16) over fp32 DDP, images/s at {slow}")
+    ratio_check("accumulation", f"distributed+accum{NET_ACCUM_K}", "distributed", NET_ACCUM_MIN,
+                f"DDP with {NET_ACCUM_K} micro-batches a step over one, images/s at {slow}")
+    for rate in net["rates"]:
+        r = by.get(("distributed", rate))
+        what = f"DDP's step time over max(compute, communication) at {rate}: the all-reduces overlap the backward pass"
+        if r and r.get("overlap"):
+            checks.append(dict(name=f"overlap {rate}", what=what, bar=f"<= {NET_OVERLAP_MAX:.2f}",
+                               ok=r["overlap"] <= NET_OVERLAP_MAX, value=r["overlap"],
+                               text=f"{r['step_s']:.3f} s / max({r['one_host_step_s']:.3f}, {r['comm_s']:.3f}) = "
+                                    f"{r['overlap']:.2f}"))
+        else:
+            checks.append(dict(name=f"overlap {rate}", what=what, bar=f"<= {NET_OVERLAP_MAX:.2f}", ok=None,
+                               value=None, text="not measured"))
+    good, per_rate = 0, []
+    for rate in net["rates"]:
+        errs = [(r["row"], r["model_error_pct"]) for r in net["runs"]
+                if r["rate"] == rate and r["backend"] == "distributed" and r.get("model_error_pct") is not None]
+        if errs:
+            worst = max(abs(e) for _, e in errs)
+            good += worst <= NET_MODEL_ERR
+            per_rate.append(f"{rate}: worst {worst:.0f}% of {len(errs)}")
+    checks.append(dict(name="model", bar=f"<= {NET_MODEL_ERR:.0f}% at >= {NET_MODEL_RATES} rates",
+                       what="tools/scaling_model.py's images/s against the measured, every DDP row (fp32, compressed, "
+                            "accumulated) at a rate",
+                       ok=(good >= NET_MODEL_RATES) if per_rate else None, value=good,
+                       text=(f"{good} rate(s) within {NET_MODEL_ERR:.0f}%; " + "; ".join(per_rate)) if per_rate
+                       else "not measured: no DDP row with a profile and a measured link"))
+    return checks
+
+
+NET_COLUMNS = ["row", "backend", "rate", "status", "processes", "threads_per_process", "images_per_s", "step_s",
+               "one_host_images_per_s", "one_host_step_s", "efficiency", "exposed_s", "predicted_images_per_s",
+               "model_error_pct", "comm_s", "hidden_pct", "overlap", "predicted_overlap", "wall_s", "note"]
+
+
+def write_network_csv(net, path):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(NET_COLUMNS)
+        for r in list(net["refs"].values()) + net["runs"]:
+            r = dict(r, threads_per_process=r["threads"])
+            w.writerow([(f"{r.get(c):.4g}" if isinstance(r.get(c), float) else ("" if r.get(c) is None else r.get(c)))
+                        for c in NET_COLUMNS])
+
+
+LAUNCHERS = {"distributed": "torchrun distributed.py", "apex": "torchrun apex_distributed.py",
+             "fsdp": "torchrun fsdp_distributed.py", "multiprocessing": "multiprocessing_distributed.py (mp.spawn)",
+             "horovod": "horovodrun over ssh", "slurm": "srun -N N"}
+
+
+def net_rows(net):
+    """The rows in the order they ran, each once (the one-host runs are their references, not rows)."""
+    return list(dict.fromkeys(r["row"] for r in net["runs"]))
+
+
+def write_network_md(net, checks, info, args, path):
+    hosts, rates = args.hosts, net["rates"]
+    runs = {(r["row"], r["rate"]): r for r in net["runs"]}
+    rows = net_rows(net)
+    head = "| row | launcher | 1 host | " + " | ".join(rates) + " |"
+    rule = "|---|---|--:|" + "--:|" * len(rates)
+    cell = lambda r, key, digits=1: (fmt(r.get(key), digits) if r and r["status"] == "ok" else
+                                     ("n/r" if r and r["status"] == "skipped" else ("failed" if r else "")))
+    lines = [f"# Network benchmark: {args.title}", "",
+             f"- command: `{args.command}` (wall time {args.wall:.0f} s)" if args.wall else f"- command: `{args.command}`",
+             f"- configuration: {args.config}" if args.config else None,
+             f"- machine: {info['nproc']} CPU(s) (`nproc`), {info['cpu']}; GPUs: not used",
+             f"- software: torch {info['torch']}, Python {info['python']}",
+             f"- date: {info['date']}",
+             f"- load average before / after: {args.load_before} / {args.load_after}" if args.load_before else None,
+             "", "Each host is a network namespace of this machine (tools/hosts.sh), one training process in each, "
+             f"{hosts} in all; every host's eth0 is shaped with `tc tbf` to the link's rate (what it sends leaves at "
+             "that rate, so each direction of the path runs at it). The hosts share this machine's cores: one "
+             "core per process, and the kernel's network stack on the same cores.",
+             "", "## The links, as an all-reduce sees them", "",
+             "tools/allreduce_bench.py across the hosts (gloo, one process per host, float32), before the runs at "
+             "that rate: nccl-tests' bus bandwidth (busbw = algbw x 2(n-1)/n) and a fit time = alpha + "
+             "size x 2(n-1)/n / busbw over the sizes from 256 KiB.", "",
+             "| link | time at 4 KiB (us) | busbw at 16 MiB (Gbit/s) | fit alpha (ms) | fit busbw (Gbit/s) |",
+             "|---|--:|--:|--:|--:|"]
+    for rate in rates:
+        link = net["links"].get(rate)
+        if link:
+            b = link["bench"]
+            lines.append(f"| {rate} | {b['rows'][0]['time_s'] * 1e6:.0f} | {b['rows'][-1]['busbw_Bps'] * 8 / 1e9:.3f} | "
+                         f"{b['fit']['alpha_s'] * 1e3:.2f} | {b['fit']['busbw_Bps'] * 8 / 1e9:.3f} |")
+        else:
+            lines.append(f"| {rate} | not measured | | | |")
+    lines += ["", "## Images/s", "",
+              f"Training images per second, all processes together, over the epoch without its first 2 steps. "
+              f"1 host: the same row in one process with the same work per process (global batch / {hosts}).", "",
+              head, rule]
+    for row in rows:
+        ref = net["refs"].get(next((r["ref"] for r in net["runs"] if r["row"] == row), row))
+        lines.append(f"| {row} | {LAUNCHERS.get(row.split('+')[0], '')} | {cell(ref, 'images_per_s', 2)} | "
+                     + " | ".join(cell(runs.get((row, rate)), "images_per_s", 2) for rate in rates) + " |")
+    lines += ["", "## Scaling efficiency", "",
+              f"images/s over {hosts} x the one-host images/s of the same row (1.00: the hosts cost nothing).", "",
+              "| row | " + " | ".join(rates) + " |", "|---|" + "--:|" * len(rates)]
+    for row in rows:
+        lines.append(f"| {row} | " + " | ".join(cell(runs.get((row, rate)), "efficiency", 2) for rate in rates) + " |")
+    lines += ["", "## Communication not hidden behind the backward pass", "",
+              f"Seconds per optimizer step: the step time across {hosts} hosts minus the one-host step time of the "
+              "same row (step time = images per step / images/s). Both runs do the same work per process, so the "
+              "difference is what distribution adds: the all-reduce time not overlapped with the backward pass, "
+              "plus the rest of its cost (gloo's CPU use on a shared core, waiting for the slower host). For the "
+              "DDP rows, 'of': the all-reduce time of DDP's buckets at the measured link, and the share of it "
+              "hidden behind the backward pass.", "",
+              "| row | 1 host step (s) | " + " | ".join(rates) + " |", "|---|--:|" + "--:|" * len(rates)]
+    for row in rows:
+        first = next((r for r in net["runs"] if r["row"] == row), None)
+        ref = net["refs"].get(first["ref"]) if first else None
+
+        def exposed(r):
+            if not r or r["status"] != "ok" or r.get("exposed_s") is None:
+                return cell(r, "exposed_s", 2)
+            if r.get("comm_s") is None:
+                return f"{r['exposed_s']:.2f}"
+            return f"{r['exposed_s']:.2f} of {r['comm_s']:.2f} ({max(0.0, r['hidden_pct']):.0f}% hidden)"
+        lines.append(f"| {row} | {cell(ref, 'step_s', 3)} | " + " | ".join(exposed(runs.get((row, rate)))
+                                                                        for rate in rates) + " |")
+    modeled = [r for r in net["runs"] if r.get("predicted_images_per_s")]
+    lines += ["", "## The model against the runs", ""]
+    if modeled:
+        prof = net["profile"]
+        ks = [r["calibration"] for r in modeled]
+        lines += [f"tools/scaling_model.py with what it measured before the runs ({prof['source']}: forward "
+                  f"{prof['forward_s'] * 1e3:.0f} ms, backward {prof['backward_s'] * 1e3:.0f} ms, optimizer "
+                  f"{prof['optimizer_s'] * 1e3:.0f} ms; {prof['param_bytes'] / 1e6:.1f} MB of gradients in DDP buckets "
+                  f"of {', '.join(format(b['bytes'] / 1e6, '.1f') for b in prof['buckets'])} MB; data "
+                  f"{net['data_s'] * 1e3:.0f} ms a micro-batch), its times scaled to the one-host run's step "
+                  f"of the row (by {min(ks):.2f} to {max(ks):.2f}: the profile gives the split, the run the speed "
+                  "on the day), and the link measured at that rate. It overlaps each bucket's all-reduce with the "
+                  "rest of the backward pass; it does not know the CPU the all-reduces and the network stack "
+                  "take from the computation on the same cores.", "",
+                  "step / max(compute, comm): the step time over the larger of the one-host step and the "
+                  "all-reduce time, measured and as the model has it. It cannot reach 1.0 where the two are "
+                  "close: the forward pass cannot overlap any all-reduce, and DDP's last bucket (the first "
+                  "layers' gradients) starts only when the backward pass ends.", "",
+                  "| row | link | measured images/s | predicted | error | step / max(compute, comm) | model's |",
+                  "|---|---|--:|--:|--:|--:|--:|"]
+        for r in modeled:
+            lines.append(f"| {r['row']} | {r['rate']} | {fmt(r['images_per_s'], 2)} | "
+                         f"{fmt(r['predicted_images_per_s'], 2)} | {fmt(r['model_error_pct'], 0)}% | "
+                         f"{fmt(r.get('overlap'), 2)} | {fmt(r.get('predicted_overlap'), 2)} |")
+    else:
+        lines.append("No prediction: no DDP row ran, or the profile or the link measurement is missing.")
+    lines += ["", "## Bars", "", "| check | what | bar | measured | result |", "|---|---|---|---|---|"]
+    lines += [f"| {c['name']} | {c['what']} | {c['bar']} | {c['text']} | **{verdict(c['ok'])}** |" for c in checks]
+    others = [r for r in list(net["refs"].values()) + net["runs"] if r["status"] != "ok"]
+    if others:
+        lines += ["", "Not run or failed:", ""]
+        lines += [f"- **{r['row']} @ {r['rate']}** ({r['status']}): {r['note']}" for r in others]
+    lines += ["", "## Commands", ""]
+    lines += [f"- {r['row']} @ {r['rate']}: `{r['command']}`" for r in list(net["refs"].values()) + net["runs"]
+              if r["status"] != "skipped"]
+    if net["profile"]:
+        p = net["profile"]
+        lines += [f"- profile: `.venv/bin/python tools/scaling_model.py profile -a {p['arch']} --image-size "
+                  f"{p['image_size']} --batch {p['batch']} --num-classes {p['num_classes']} --threads {p['threads']}`",
+                  f"- prediction: `.venv/bin/python tools/scaling_model.py predict --profile runs-network/profile.json "
+                  f"--allreduce runs-network/allreduce-RATE.json --nodes {hosts} [--compression bf16] [--accum 4]"
+                  + (f" --loader-ips {args.loader_ips:g}`" if net["data_s"] else "`")]
+    with open(path, "w") as f:
+        f.write("\n".join(l for l in lines if l is not None) + "\n")
+
+
+def write_network_png(net, checks, info, args, path):
+    from PIL import Image, ImageDraw
+    rates, rows = net["rates"], net_rows(net)
+    runs = {(r["row"], r["rate"]): r for r in net["runs"]}
+    palette = ["#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#9467bd", "#8c564b", "#17becf"]
+    colour = {rate: palette[i % len(palette)] for i, rate in enumerate(rates)}
+    W, bar_h, gap, top, label_w = 1400, 16, 14, 130, 300
+    chart_w = W - label_w - 150
+    group_h = bar_h * (len(rates) + 1) + gap
+    chart_h = max(1, len(rows)) * group_h
+    H = top + chart_h + 60 + 24 * len(checks) + 20
+    img = Image.new("RGB", (W, H), "white")
+    d = ImageDraw.Draw(img)
+    f_title, f_txt, f_small, f_bold = font(26, True), font(16), font(13), font(16, True)
+    d.text((20, 16), f"Network benchmark: {args.title}", fill="black", font=f_title)
+    load = f", load average before/after {args.load_before} / {args.load_after}" if args.load_before else ""
+    d.text((20, 52), f"{info['nproc']} CPUs ({info['cpu']}), torch {info['torch']}, {info['date']}{load}", fill="#444",
+           font=f_small)
+    if args.config:
+        d.text((20, 72), args.config[:200], fill="#444", font=f_small)
+    d.text((20, 96), "images/s per row and link (grey: the one-host run x hosts, the ideal; black tick: the model)",
+           fill="black", font=f_bold)
+    values = [r["images_per_s"] for r in net["runs"] if r.get("images_per_s")]
+    values += [args.hosts * r["images_per_s"] for r in net["refs"].values() if r.get("images_per_s")]
+    values += [r["predicted_images_per_s"] for r in net["runs"] if r.get("predicted_images_per_s")]
+    vmax = max(values) if values else 1
+    step = nice_step(vmax / 5)
+    vmax = step * math.ceil(vmax / step)
+    x0 = label_w
+    for k in range(0, int(round(vmax / step)) + 1):
+        gx = x0 + int(k * step / vmax * chart_w)
+        d.line([(gx, top), (gx, top + chart_h)], fill="#e6e6e6")
+        d.text((gx - 8, top + chart_h + 4), f"{k * step:g}", fill="#888", font=f_small)
+    for i, row in enumerate(rows):
+        y = top + i * group_h
+        d.text((20, y + 2), row, fill="black", font=f_txt)
+        first = next((r for r in net["runs"] if r["row"] == row), None)
+        ref = net["refs"].get(first["ref"]) if first else None
+        if ref and ref.get("images_per_s"):
+            w = int(args.hosts * ref["images_per_s"] / vmax * chart_w)
+            d.rectangle([x0, y, x0 + w, y + bar_h - 3], fill="#dddddd")
+            d.text((x0 + w + 6, y), f"{args.hosts} x 1 host {args.hosts * ref['images_per_s']:.1f}", fill="#888",
+                   font=f_small)
+        for j, rate in enumerate(rates):
+            r = runs.get((row, rate))
+            yy = y + (j + 1) * bar_h
+            if not r or not r.get("images_per_s"):
+                d.text((x0 + 4, yy), f"{rate}: {'not run' if r and r['status'] == 'skipped' else 'failed' if r else '-'}",
+                       fill="#999", font=f_small)
+                continue
+            w = int(r["images_per_s"] / vmax * chart_w)
+            d.rectangle([x0, yy, x0 + max(w, 1), yy + bar_h - 3], fill=colour[rate])
+            text, end = f"{rate} {r['images_per_s']:.1f}", x0 + w
+            if r.get("predicted_images_per_s"):
+                px = x0 + int(r["predicted_images_per_s"] / vmax * chart_w)
+                d.line([(px, yy - 1), (px, yy + bar_h - 2)], fill="black", width=3)
+                text += f" (model {r['predicted_images_per_s']:.1f})"
+                end = max(end, px + 2)
+            d.text((end + 6, yy), text, fill="black", font=f_small)
+    y = top + chart_h + 36
+    for c in checks:
+        col = {True: "#1a7f37", False: "#cf222e"}.get(c["ok"], "#666")
+        d.text((20, y), verdict(c["ok"]), fill=col, font=f_bold)
+        d.text((80, y), f"{c['name']} {c['bar']}: {c['text']}"[:170], fill="black", font=f_txt)
+        y += 24
+    img.save(path)
+
+
+def network_report(args):
+    net_dir = os.path.join(args.results, "runs-network", "manifest.tsv")
+    if not os.path.isfile(net_dir):
+        sys.exit(f"{sys.argv[0]}: no runs in {net_dir}")
+    if not args.hosts or not args.batch:
+        sys.exit(f"{sys.argv[0]}: --network needs --hosts and --batch (the runs' global batch)")
+    net = summarise_network(args.results, args.hosts, args.batch, args.loader_ips, args.workers)
+    checks = network_checks(net)
+    info = machine_info()
+    base = os.path.join(args.results, "benchmark-network")
+    write_network_csv(net, base + ".csv")
+    write_network_md(net, checks, info, args, base + ".md")
+    write_network_png(net, checks, info, args, base + ".png")
+    rates = net["rates"]
+    print(f"{'row':<28} {'1 host':>8} " + " ".join(f"{r:>16}" for r in rates))
+    runs = {(r["row"], r["rate"]): r for r in net["runs"]}
+    for row in net_rows(net):
+        first = next((r for r in net["runs"] if r["row"] == row), None)
+        ref = net["refs"].get(first["ref"]) if first else None
+        cells = []
+        for rate in rates:
+            r = runs.get((row, rate))
+            if r and r.get("images_per_s"):
+                cells.append(f"{r['images_per_s']:.2f}" + (f" ({r['predicted_images_per_s']:.2f})"
+                                                          if r.get("predicted_images_per_s") else ""))
+            else:
+                cells.append("-" if not r else r["status"])
+        print(f"{row:<28} {fmt(ref and ref.get('images_per_s'), 2) or '-':>8} " + " ".join(f"{c:>16}" for c in cells))
+    print("images/s (model's prediction)")
+    for c in checks:
+        print(f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}")
+    print(f"wrote {base}.csv, .md, .png")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", default="results")
@@ -606,8 +1002,15 @@ def main():
     p.add_argument("--peak-tflops", type=float, default=os.environ.get("PEAK_TFLOPS") or None,
                    help="peak TFLOP/s of the hardware a run uses, total (default: env PEAK_TFLOPS; for GPU runs, "
                         "else the table of dense bf16 peaks by nvidia-smi name; on CPU, none: MFU left blank)")
+    p.add_argument("--network", action="store_true", help="report start.sh --hosts: RESULTS/runs-network -> "
+                   "RESULTS/benchmark-network.{csv,md,png}")
+    p.add_argument("--hosts", type=int, help="with --network: the number of hosts")
+    p.add_argument("--batch", type=int, help="with --network: the global batch of a row without accumulation")
+    p.add_argument("--workers", type=int, default=0, help="with --network: loader processes per training process")
     args = p.parse_args()
     args.command, args.config = as_typed(args.command), as_typed(args.config)
+    if args.network:
+        return network_report(args)
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         p.error(f"--peak-tflops / PEAK_TFLOPS must be positive, not {args.peak_tflops}")
     rows = summarise(args.results)

@@ -10,14 +10,20 @@
 # never any other address. Needs root and iproute2.
 #
 #   tools/hosts.sh up N              make hosts node0 .. node(N-1) (idempotent; removes extra ones)
-#   tools/hosts.sh down              remove every host, the bridge and the /etc/hosts entries
+#   tools/hosts.sh down              remove the hosts, their bridge and their /etc/hosts entries
 #   tools/hosts.sh status            list the hosts; exit 0 only if all are complete
 #   tools/hosts.sh exec NAME CMD...  run CMD on host NAME (its network, hostname and /etc/hosts)
+#   tools/hosts.sh shape RATE|off    limit what each host sends to RATE (tc tbf on its eth0, e.g.
+#                                    100mbit, 1gbit): every link between two hosts is then RATE
+#                                    in each direction; off: back to the unshaped link
 #
 # Environment knobs:
-#   HOSTS_PREFIX  host names (default node: node0, node1, ...)
-#   HOSTS_NET     first three octets of the /24 the hosts live in (default 10.213.7);
-#                 host i has HOSTS_NET.(i+1), this machine's end of the bridge HOSTS_NET.254
+#   HOSTS_PREFIX  host names (default node: node0, node1, ...). Each prefix is a separate set of
+#                 hosts with a bridge of its own (hostsbr0 for node, else br-PREFIX): up, down
+#                 and shape touch only the hosts of the prefix, so two sets can coexist
+#   HOSTS_NET     first three octets of the /24 the hosts live in (default 10.213.7; another
+#                 prefix needs another /24); host i has HOSTS_NET.(i+1), this machine's end of
+#                 the bridge HOSTS_NET.254
 #
 # Cutting a host off, as a failed link would: ip link set veth-NAME down (and up again).
 # Everything a host runs: ip netns pids NAME.
@@ -26,14 +32,21 @@ set -euo pipefail
 PROG=${0##*/}
 PREFIX=${HOSTS_PREFIX:-node}
 NET=${HOSTS_NET:-10.213.7}
-BRIDGE=hostsbr0
+# The default set keeps the names it always had; another prefix gets its own bridge and its own
+# mark on this machine's /etc/hosts lines, so that neither set's up or down touches the other
+if [[ $PREFIX == node ]]; then
+    BRIDGE=hostsbr0
+    MARK="# tools/hosts.sh"
+else
+    BRIDGE=br-$PREFIX
+    MARK="# tools/hosts.sh $PREFIX"
+fi
 GATEWAY=$NET.254
-STATE=/run/test-hosts        # UTS namespace files, one per host
-MARK="# tools/hosts.sh"
+STATE=/run/test-hosts        # UTS namespace files, one per host, of every prefix
 IP=$(command -v ip || echo /usr/sbin/ip)
 
 usage() {
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2
 }
 
 log() { echo "$PROG: $*" >&2; }
@@ -49,12 +62,15 @@ host_name() { echo "$PREFIX$1"; }
 host_addr() { echo "$NET.$(($1 + 1))"; }
 veth() { echo "veth-$1"; }
 
-# Our hosts, from the UTS files (the one record that survives a half-finished 'up').
+# Our hosts, from the UTS files (the one record that survives a half-finished 'up'): those of
+# this prefix only (PREFIX and a number; node0 is not a host of the prefix nod)
 existing_hosts() {
-    local f
+    local f name
     [[ -d $STATE ]] || return 0
     for f in "$STATE"/*.uts; do
-        [[ -e $f ]] && basename "$f" .uts
+        [[ -e $f ]] || continue
+        name=$(basename "$f" .uts)
+        [[ ${name#"$PREFIX"} =~ ^[0-9]+$ && $name == "$PREFIX"* ]] && echo "$name"
     done
     return 0
 }
@@ -67,9 +83,10 @@ hosts_block() {
 }
 
 # Rewrite /etc/hosts in place (in containers it is often a bind mount that cannot be replaced).
+# Only the lines that end in this prefix's mark are ours.
 set_etc_hosts() {
     local block=$1 kept
-    kept=$(grep -vF "$MARK" /etc/hosts || true)
+    kept=$(awk -v m=" $MARK" 'length($0) < length(m) || substr($0, length($0) - length(m) + 1) != m' /etc/hosts)
     printf '%s\n%s\n' "$kept" "$block" | sed '/^$/d' >/etc/hosts.test-hosts.tmp
     cat /etc/hosts.test-hosts.tmp >/etc/hosts
     rm -f /etc/hosts.test-hosts.tmp
@@ -162,7 +179,7 @@ cmd_down() {
 
 cmd_status() {
     need_root
-    local name ok=0 addr uts
+    local name ok=0 addr uts rate
     local names
     names=$(existing_hosts)
     if [[ -z $names ]]; then
@@ -173,13 +190,50 @@ cmd_status() {
         addr=$("$IP" -n "$name" -4 -br addr show eth0 2>/dev/null | awk '{print $3}')
         uts=$(nsenter --uts="$STATE/$name.uts" hostname 2>/dev/null || echo '?')
         if [[ -n $addr && $uts == "$name" ]] && "$IP" link show "$(veth "$name")" 2>/dev/null | grep -q 'state UP'; then
-            echo "$name: ${addr%/*}, hostname $uts, link up"
+            rate=$(shaped_rate "$name")
+            echo "$name: ${addr%/*}, hostname $uts, link up${rate:+, sends at most $rate}"
         else
             echo "$name: incomplete or cut off (address '${addr}', hostname '$uts'; $(veth "$name") down or missing)"
             ok=1
         fi
     done
     return $ok
+}
+
+# tc tbf on a host's eth0: what the host sends leaves at RATE at most, so with every host shaped
+# each direction of every host-to-host path runs at RATE. The bucket holds 256 KiB or 2 ms of
+# RATE, whichever is larger (a burst below one 64 KiB GSO packet, or below what the timer can
+# refill between two wake-ups at high rates, would lower the rate achieved), and up to 50 ms of
+# queue, after which packets drop and TCP slows down as on a congested link.
+cmd_shape() {
+    local rate=${1:-} name names bytes burst
+    need_root
+    command -v tc >/dev/null || die "tc is missing (apt-get install iproute2)"
+    [[ $rate == off || $rate =~ ^[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)$ ]] ||
+        die "shape wants a rate such as 100mbit or 1gbit (kbit, mbit, gbit), or off; got '$rate'"
+    names=$(existing_hosts)
+    [[ -n $names ]] || die "no hosts of prefix $PREFIX (tools/hosts.sh up N makes them)"
+    for name in $names; do
+        "$IP" netns exec "$name" tc qdisc del dev eth0 root 2>/dev/null || true
+    done
+    if [[ $rate == off ]]; then
+        log "shape: $(echo $names | tr ' ' ','): unshaped"
+        return
+    fi
+    bytes=$(awk -v r="$rate" 'BEGIN { n = r + 0; u = substr(r, length(r) - 3, 1);
+                                       printf "%d", n * (u == "k" ? 1e3 : u == "m" ? 1e6 : 1e9) / 8 }')
+    ((bytes >= 1000)) || die "shape: $rate is below 8kbit"
+    burst=$((bytes / 500 > 262144 ? bytes / 500 : 262144))
+    for name in $names; do
+        "$IP" netns exec "$name" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 50ms ||
+            die "tc could not shape $name's eth0 to $rate (is the sch_tbf kernel module available?)"
+    done
+    log "shape: $(echo $names | tr ' ' ','): each sends at most $rate (tbf, burst $burst bytes, latency 50ms)"
+}
+
+# The rate a host's eth0 is shaped to, or nothing
+shaped_rate() {
+    "$IP" netns exec "$1" tc qdisc show dev eth0 2>/dev/null | sed -n 's/.* tbf .*rate \([^ ]*\) .*/\1/p' | head -n1
 }
 
 cmd_exec() {
@@ -201,6 +255,7 @@ case ${1:-} in
     down) cmd_down ;;
     status) cmd_status ;;
     exec) shift; cmd_exec "$@" ;;
+    shape) shift; cmd_shape "$@" ;;
     -h | --help) usage; exit 0 ;;
     *) usage; exit 2 ;;
 esac

@@ -1,0 +1,463 @@
+# netbench.sh: the network benchmark of start.sh (bash start.sh --hosts N --link RATES), sourced by
+# start.sh after its configuration; not a command of its own.
+#
+# Every benchmark on one machine runs over loopback (gigabytes per second, nothing to wait for), where
+# the backends look alike; across nodes the link decides. So here each process runs in a test host of
+# tools/hosts.sh (a network namespace, own address and hostname), one process per host, and every
+# host's eth0 is shaped with tc to the rate under test (hosts.sh shape RATE: what a host sends leaves at
+# RATE, so each direction of every path runs at RATE). Per rate, tools/allreduce_bench.py first measures
+# the link as the training sees it (gloo all-reduce: latency and bus bandwidth); then every row runs:
+# a backend (torchrun DDP, mp.spawn, horovodrun over ssh, srun on a two-node Slurm cluster, the mixed
+# precision script, FSDP) plus, optionally, extra script arguments (distributed+bf16: gradient
+# compression; distributed+accum4: 4 micro-batches per step). Each row also runs once in one process
+# (one host), with the same work per process, for the scaling efficiency and the communication time
+# not hidden behind the backward pass. tools/scaling_model.py measures one process's compute first,
+# and tools/benchmark_report.py --network compares its predictions with the runs.
+#
+# Uses from start.sh: PROG ROOT PYTHON TORCHRUN RESULTS ARCH IMAGE_SIZE BATCH WORKERS PRINT_FREQ CORES
+# CMDLINE FAILED IS_TTY, die, progress_text, and NHOSTS LINKS ROWS STEPS set by its options.
+
+NET_PREFIX=${HOSTS_PREFIX:-nb}      # our own set of hosts, apart from the tests' node0, node1, ...
+NET_NET=${HOSTS_NET:-10.213.9}
+NET_TIMEOUT=${NET_TIMEOUT:-900}     # seconds any one run may take: a hang shows as a failure
+NET_VAL_IMAGES=16
+ALLREDUCE_MAX=${ALLREDUCE_MAX:-16M}  # the largest all-reduce timed per link: enough to fit its bandwidth
+BACKENDS_NET="distributed apex fsdp multiprocessing horovod slurm"
+
+hosts_sh() { HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET bash "$ROOT/tools/hosts.sh" "$@"; }
+host() { echo "$NET_PREFIX$1"; }
+
+# ---- rows: BACKEND[+TAG...] ----
+# TAG: bf16 or fp16 (--grad-compression TAG), accumK (--gradient-accumulation-steps K with the global batch
+# K x BATCH, so that each process's micro-batch stays BATCH / hosts and only the communication per image
+# changes), or any option of the script, written as one word (+--amp=bf16).
+# Sets R_BACKEND, R_SCRIPT, R_K, R_ARGS (array).
+parse_row() {
+    local row=$1 tag
+    local -a parts
+    IFS=+ read -r -a parts <<<"$row"
+    R_BACKEND=${parts[0]:-}
+    R_K=1
+    R_ARGS=()
+    case $R_BACKEND in
+        distributed) R_SCRIPT=distributed.py ;;
+        apex) R_SCRIPT=apex_distributed.py ;;
+        fsdp) R_SCRIPT=fsdp_distributed.py ;;
+        multiprocessing) R_SCRIPT=multiprocessing_distributed.py ;;
+        horovod) R_SCRIPT=horovod_distributed.py ;;
+        slurm) R_SCRIPT=distributed_slurm_main.py ;;
+        *) die "row '$row': '$R_BACKEND' does not run across hosts here (one of: ${BACKENDS_NET// /, })" ;;
+    esac
+    for tag in "${parts[@]:1}"; do
+        case $tag in
+            bf16 | fp16) R_ARGS+=(--grad-compression "$tag") ;;
+            accum*)
+                R_K=${tag#accum}
+                [[ $R_K =~ ^[1-9][0-9]*$ ]] || die "row '$row': '$tag' is not accumK with K a whole number >= 1"
+                R_ARGS+=(--gradient-accumulation-steps "$R_K") ;;
+            -*) R_ARGS+=("$tag") ;;
+            *) die "row '$row': unknown tag '$tag' (bf16, fp16, accumK, or a script option such as +--amp=bf16)" ;;
+        esac
+    done
+}
+
+# The options of R_ARGS that R_SCRIPT does not have (its --help, read once per script), or nothing.
+HELP_DIR=
+missing_options() {
+    local script=$1 word opt missing=""
+    shift
+    (($#)) || return 0  # no options to look for: no need to start the script
+    [[ -n $HELP_DIR ]] || HELP_DIR=$(mktemp -d)
+    if [[ ! -e $HELP_DIR/$script ]]; then  # its options, one a line
+        "$PYTHON" "$ROOT/$script" --help 2>&1 | grep -oE -- '--?[A-Za-z0-9][A-Za-z0-9_-]*' >"$HELP_DIR/$script" || true
+    fi
+    for word in "$@"; do
+        [[ $word == -* ]] || continue
+        opt=${word%%=*}
+        grep -qxF -- "$opt" "$HELP_DIR/$script" || missing+="${missing:+ }$opt"
+    done
+    echo "$missing"
+}
+
+# ---- data: a set per global batch, STEPS steps an epoch ----
+net_data() {  # global batch -> the folder (made if absent)
+    local gb=$1 dir
+    dir=data/netbench/train$((STEPS * gb))
+    if [[ ! -f $dir/DEMO_DATA.txt ]]; then
+        "$PYTHON" tools/make_demo_data.py --out "$dir" --train-images $((STEPS * gb)) --val-images "$NET_VAL_IMAGES" \
+            --force >/dev/null || die "could not make the data set $dir"
+    fi
+    echo "$dir"
+}
+
+# ---- one run: a command per host, at once; waits for all, within NET_TIMEOUT ----
+NET_PIDS=()
+NET_TAG=
+kill_run() {  # everything still running of the current run: what we started, and what it started in our hosts
+    local tag=$NET_TAG pid h
+    [[ -n $tag ]] || return 0
+    for pid in "${NET_PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; done
+    for ((h = 0; h < NHOSTS; h++)); do  # torchrun's workers run in sessions of their own: find them by tag
+        for pid in $(ip netns pids "$(host "$h")" 2>/dev/null); do
+            grep -qaF -- "$tag" "/proc/$pid/cmdline" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+        done
+    done
+    NET_PIDS=()
+}
+
+NET_PORT=29400
+run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-- command-for-host-1 ...]
+    # result: the file a run that worked leaves (- for DIR/metrics.jsonl)
+    local name=$1 rate=$2 ref=$3 procs=$4 threads=$5 dir=$6 result=$7 start=$SECONDS rc=0 h text last="" label
+    shift 8
+    [[ $result == - ]] && result=$dir/metrics.jsonl
+    local -a cmd
+    mkdir -p "$dir"
+    NET_TAG=$dir
+    NET_PIDS=()
+    h=0
+    : >"$dir/command.txt"
+    while (($#)); do
+        cmd=()
+        while (($#)) && [[ $1 != -- ]]; do cmd+=("$1"); shift; done
+        (($#)) && shift
+        if [[ ${cmd[0]} == @here ]]; then  # run on this machine (srun), not in a host
+            cmd=("${cmd[@]:1}")
+            printf '%q ' "${cmd[@]}" >>"$dir/command.txt"
+            setsid "${cmd[@]}" >"$dir/host$h.log" 2>&1 </dev/null &
+        else
+            printf '%q ' tools/hosts.sh exec "$(host "$h")" "${cmd[@]}" >>"$dir/command.txt"
+            setsid env HOSTS_PREFIX="$NET_PREFIX" HOSTS_NET="$NET_NET" bash "$ROOT/tools/hosts.sh" exec "$(host "$h")" \
+                "${cmd[@]}" >"$dir/host$h.log" 2>&1 </dev/null &
+        fi
+        NET_PIDS+=($!)
+        printf '\n' >>"$dir/command.txt"
+        h=$((h + 1))
+    done
+    label="$name @ $rate"
+    while :; do
+        local alive=0 pid
+        for pid in "${NET_PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        ((alive)) || break
+        if ((SECONDS - start > NET_TIMEOUT)); then
+            rc=124
+            break
+        fi
+        text=$(progress_text "$label" "$dir/host0.log" "$start")
+        if ((IS_TTY)); then printf '\r\033[K%s' "$text"; elif [[ ${text% *} != "${last% *}" ]]; then echo "$text"; fi
+        last=$text
+        sleep 1
+    done
+    if ((rc == 0)); then
+        for pid in "${NET_PIDS[@]}"; do wait "$pid" || rc=$?; done
+    fi
+    kill_run
+    NET_TAG=
+    local wall=$((SECONDS - start))
+    ((IS_TTY)) && printf '\r\033[K'
+    local cmdtext
+    cmdtext=$(paste -sd';' "$dir/command.txt" | sed 's/ *;/; /g; s/; $//')
+    if ((rc == 0)) && [[ -s $result ]]; then
+        text=$(progress_text "$label" "$dir/host0.log" "$start")
+        if ((IS_TTY)) || [[ ${text% *} != "${last% *}" ]]; then echo "$text"; fi
+        net_record "$name" "$rate" "$ref" ok "$procs" "$threads" "$rc" "$wall" "$cmdtext"
+    else
+        ((rc == 124)) && echo "$label: TIMED OUT after ${NET_TIMEOUT}s (NET_TIMEOUT)" ||
+            echo "$label: FAILED with exit status $rc after ${wall}s; last lines of $dir/host*.log:"
+        for f in "$dir"/host*.log; do tail -n 8 "$f" | sed "s|^|    ${f##*/}: |"; done
+        net_record "$name" "$rate" "$ref" failed "$procs" "$threads" "$rc" "$wall" "$cmdtext"
+        FAILED=1
+    fi
+}
+
+net_record() {  # row rate reference status procs threads rc wall command-or-reason
+    local IFS=$'\t'
+    echo "$*" >>"$MANIFEST"
+}
+
+net_skip() {  # row rate reason
+    printf '%-34s not run: %s\n' "$1 @ $2" "$3"
+    net_record "$1" "$2" - skipped - - - - "$3"
+}
+
+# ---- the rows' launchers across the hosts ----
+# Each prints nothing and runs one row at one rate through run_hosts. Arguments: name rate ref dir args...
+launch_torchrun() {  # distributed, apex, fsdp: torchrun on every host, static rendezvous at host 0 by name
+    local name=$1 rate=$2 ref=$3 dir=$4 script=$5 h port=$((NET_PORT++))
+    shift 5
+    local -a all=()
+    for ((h = 0; h < NHOSTS; h++)); do
+        ((h > 0)) && all+=(--)
+        all+=("$TORCHRUN" --nnodes="$NHOSTS" --nproc_per_node=1 --node-rank="$h" --master-addr="$(host 0)"
+              --master-port="$port" "$script" "$@" --output-dir "$dir")
+    done
+    run_hosts "$name" "$rate" "$ref" "$NHOSTS" "$THREADS" "$dir" - -- "${all[@]}"
+}
+
+launch_spawn() {  # multiprocessing: the script on every host, node rank --rank, rendezvous at host 0
+    local name=$1 rate=$2 ref=$3 dir=$4 script=$5 h port=$((NET_PORT++))
+    shift 5
+    local -a all=()
+    for ((h = 0; h < NHOSTS; h++)); do
+        ((h > 0)) && all+=(--)
+        all+=("$PYTHON" "$script" --world-size "$NHOSTS" --rank "$h" --nprocs 1 --dist-url "tcp://$(host 0):$port"
+              "$@" --output-dir "$dir")
+    done
+    run_hosts "$name" "$rate" "$ref" "$NHOSTS" "$THREADS" "$dir" - -- "${all[@]}"
+}
+
+launch_horovod() {  # horovodrun on host 0, which starts the other hosts' ranks through ssh
+    local name=$1 rate=$2 ref=$3 dir=$4 script=$5 h hostlist=""
+    shift 5
+    for ((h = 0; h < NHOSTS; h++)); do hostlist+="${hostlist:+,}$(host "$h"):1"; done
+    local path=$PATH
+    export PATH=$SSH_DIR/bin:$PATH  # our ssh first (not in the command line: the report shows that)
+    run_hosts "$name" "$rate" "$ref" "$NHOSTS" "$THREADS" "$dir" - -- \
+        "$HVDRUN" -np "$NHOSTS" -H "$hostlist" --gloo -p "$SSH_PORT" -i "$SSH_DIR/client_key" --start-timeout 120 \
+        "$PYTHON" "$script" "$@" --output-dir "$dir"
+    export PATH=$path
+}
+
+launch_slurm() {  # srun from this machine; slurmd in each host starts its task there
+    local name=$1 rate=$2 ref=$3 dir=$4 script=$5
+    shift 5
+    run_hosts "$name" "$rate" "$ref" "$NHOSTS" "$THREADS" "$dir" - -- @here srun --quiet --kill-on-bad-exit=1 \
+        -N "$NHOSTS" --ntasks-per-node=1 "$PYTHON" "$script" "$@" --output-dir "$dir"
+}
+
+# ---- what some backends need first ----
+SSH_DIR=
+SSH_PORT=2222
+horovod_setup() {  # an sshd in each host, with a host key and a client key made here, for root
+    local h
+    command -v ssh-keygen >/dev/null && [[ -x /usr/sbin/sshd ]] || { echo "openssh-server and openssh-client (ssh-keygen, /usr/sbin/sshd) are missing"; return 1; }
+    # in the runs' folder (removed after the horovod runs), so that the report shows the key's path as
+    # typed in the checkout
+    SSH_DIR=$(cd "$RUNS" && pwd)/ssh
+    mkdir -p -m 700 "$SSH_DIR"
+    mkdir -p "$SSH_DIR/bin" /run/sshd
+    ssh-keygen -q -t ed25519 -N "" -f "$SSH_DIR/client_key" && ssh-keygen -q -t ed25519 -N "" -f "$SSH_DIR/host_key" || return 1
+    cp "$SSH_DIR/client_key.pub" "$SSH_DIR/authorized_keys"
+    # StrictModes no: the folders above the keys may be writable by others (a checkout under /tmp)
+    printf '%s\n' "Port $SSH_PORT" "HostKey $SSH_DIR/host_key" "AuthorizedKeysFile $SSH_DIR/authorized_keys" \
+        "PermitRootLogin prohibit-password" "PasswordAuthentication no" "KbdInteractiveAuthentication no" "UsePAM no" \
+        "LogLevel ERROR" "StrictModes no" >"$SSH_DIR/sshd_config"
+    # horovodrun's ssh accepts unknown host keys; this keeps them out of root's known_hosts
+    printf '#!/bin/sh\nexec %s -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "$@"\n' "$(command -v ssh)" >"$SSH_DIR/bin/ssh"
+    chmod 755 "$SSH_DIR/bin/ssh"
+    for ((h = 0; h < NHOSTS; h++)); do
+        hosts_sh exec "$(host "$h")" /usr/sbin/sshd -f "$SSH_DIR/sshd_config" -o PidFile="$SSH_DIR/sshd-$h.pid" || return 1
+    done
+}
+
+horovod_teardown() {
+    local f
+    [[ -n $SSH_DIR ]] || return 0
+    for f in "$SSH_DIR"/sshd-*.pid; do [[ -e $f ]] && kill "$(cat "$f")" 2>/dev/null || true; done
+    rm -rf -- "$SSH_DIR"
+    SSH_DIR=
+}
+
+SLURM_LOCK=/tmp/slurm-cluster.lock  # tests/test_multihost.py takes it too while the cluster has two nodes
+SLURM_HELD=0   # we hold the lock
+SLURM_MOVED=0  # we moved the cluster onto our hosts
+slurm_setup() {  # the local cluster of tools/slurm-local.sh, on our hosts, while we hold its lock
+    command -v srun >/dev/null && command -v sinfo >/dev/null || { echo "no Slurm (sinfo/srun not installed) — bash tools/slurm-local.sh up"; return 1; }
+    exec {SLURM_FD}>>"$SLURM_LOCK"
+    flock -w 300 "$SLURM_FD" || { echo "$SLURM_LOCK held by another user for 300 s"; return 1; }
+    SLURM_HELD=1
+    # under the lock: no one else has the cluster on hosts of theirs, so it is the one-node cluster or none
+    bash "$ROOT/tools/slurm-local.sh" status >/dev/null 2>&1 || { echo "no local Slurm cluster running — bash tools/slurm-local.sh up"; return 1; }
+    SLURM_MOVED=1
+    HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET bash "$ROOT/tools/slurm-local.sh" up --nodes "$NHOSTS" \
+        >"$RUNS/slurm-up.log" 2>&1 || { echo "tools/slurm-local.sh up --nodes $NHOSTS failed: see $RUNS/slurm-up.log"; return 1; }
+}
+
+slurm_teardown() {  # back to the one-node cluster, for whoever uses it next
+    if ((SLURM_MOVED)); then
+        bash "$ROOT/tools/slurm-local.sh" up >>"$RUNS/slurm-up.log" 2>&1 ||
+            echo "$PROG: warning: tools/slurm-local.sh up (back to one node) failed: see $RUNS/slurm-up.log" >&2
+        SLURM_MOVED=0
+    fi
+    if ((SLURM_HELD)); then
+        flock -u "$SLURM_FD"
+        SLURM_HELD=0
+    fi
+}
+
+# ---- the benchmark ----
+NET_MADE_HOSTS=0
+net_cleanup() {
+    kill_run
+    horovod_teardown
+    slurm_teardown
+    if [[ -n ${NET_UP:-} ]]; then
+        hosts_sh shape off >/dev/null 2>&1 || true
+        ((NET_MADE_HOSTS)) && hosts_sh down >/dev/null 2>&1 || true
+    fi
+    [[ -n $HELP_DIR ]] && rm -rf -- "$HELP_DIR"
+    HELP_DIR=
+}
+
+net_on_signal() {
+    ((IS_TTY)) && printf '\n'
+    echo "$PROG: interrupted; cleaning up the test hosts" >&2
+    net_cleanup
+    exit 130
+}
+
+network_benchmark() {
+    local row rate
+    for row in ${ROWS//,/ }; do parse_row "$row"; done  # bad rows fail here, before anything starts
+    ((BATCH % NHOSTS == 0)) || die "the global batch $BATCH does not split over $NHOSTS hosts (-b)"
+    [[ $EUID -eq 0 ]] || die "--hosts needs root: the test hosts are network namespaces (tools/hosts.sh)"
+    command -v tc >/dev/null || die "--hosts needs tc (apt-get install iproute2)"
+    LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+    THREADS=$(((CORES / NHOSTS) > 0 ? CORES / NHOSTS : 1))
+
+    RUNS=$RESULTS/runs-network
+    rm -rf -- "$RUNS"
+    mkdir -p "$RUNS"
+    MANIFEST=$RUNS/manifest.tsv
+    : >"$MANIFEST"
+    trap net_on_signal INT TERM
+    trap net_cleanup EXIT
+
+    hosts_sh status >/dev/null 2>&1 || NET_MADE_HOSTS=1
+    hosts_sh up "$NHOSTS" 2>&1 | sed "s/^/$PROG: /"
+    ((PIPESTATUS[0] == 0)) || die "could not make the test hosts (HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET)"
+    NET_UP=1
+
+    local data
+    data=$(net_data "$BATCH")
+    LOADER_IPS=$("$PYTHON" -W ignore tools/loader_bench.py --data "$data" --paths tv --quick --images 200 --rounds 1 \
+                 --image-size "$IMAGE_SIZE" 2>/dev/null) || LOADER_IPS=""
+    [[ $LOADER_IPS =~ ^[0-9]+$ ]] || LOADER_IPS=""
+    local classes
+    classes=$(find "$data/train" -mindepth 1 -maxdepth 1 -type d | wc -l)
+    CONFIG="$ARCH, ${IMAGE_SIZE}px, global batch $BATCH ($((BATCH / NHOSTS)) per process), $STEPS steps, $data, $NHOSTS hosts x 1 process x $THREADS thread(s), -j $WORKERS, gloo; links: ${LINKS//,/, }"
+    echo "$PROG: $CONFIG"
+    echo "$PROG: load average before: $LOAD_BEFORE; logs in $RUNS/"
+    if awk -v l="${LOAD_BEFORE%% *}" -v c="$CORES" 'BEGIN { exit !(l > c / 2) }'; then
+        echo "$PROG: warning: the machine is busy (load ${LOAD_BEFORE%% *} on $CORES cores): images/s will be low and noisy" >&2
+    fi
+    T0=$SECONDS
+
+    # 1. one process's compute, for the model
+    "$PYTHON" tools/scaling_model.py profile -a "$ARCH" --image-size "$IMAGE_SIZE" --batch $((BATCH / NHOSTS)) \
+        --num-classes "$classes" --threads "$THREADS" --out "$RUNS/profile.json" 2>&1 | sed "s/^/$PROG: /"
+
+    # 2. the link at each rate, as an all-reduce sees it
+    local h port
+    for rate in ${LINKS//,/ }; do
+        hosts_sh shape "$([[ $rate == unshaped ]] && echo off || echo "$rate")" >/dev/null 2>&1 ||
+            die "could not shape the hosts' links to $rate"
+        port=$((NET_PORT++))
+        local -a all=()
+        for ((h = 0; h < NHOSTS; h++)); do
+            ((h > 0)) && all+=(--)
+            all+=("$TORCHRUN" --nnodes="$NHOSTS" --nproc_per_node=1 --node-rank="$h" --master-addr="$(host 0)"
+                  --master-port="$port" tools/allreduce_bench.py -b 4K -e "$ALLREDUCE_MAX" -f 4 --threads "$THREADS"
+                  --json "$RUNS/allreduce-$rate.json")
+        done
+        run_hosts allreduce "$rate" - "$NHOSTS" "$THREADS" "$RUNS/allreduce-$rate" "$RUNS/allreduce-$rate.json" -- "${all[@]}"
+        [[ -f $RUNS/allreduce-$rate.json ]] &&
+            echo "$PROG: link at $rate: $(grep -E '^# fit' "$RUNS/allreduce-$rate/host0.log" | sed 's/^# //')"
+    done
+
+    # 3. each row alone in one process (one host): the work per process of the runs across hosts
+    local -A ref_done=()
+    local ref
+    for row in ${ROWS//,/ }; do
+        parse_row "$row"
+        ref=$(ref_of "$row")
+        [[ -n ${ref_done[$ref]:-} ]] && continue
+        ref_done[$ref]=1
+        parse_row "$ref"
+        local missing
+        missing=$(missing_options "$R_SCRIPT" "${R_ARGS[@]}")
+        if [[ -n $missing ]]; then
+            net_skip "$ref" "1 host" "$R_SCRIPT has no $missing (yet)"
+            continue
+        fi
+        local gb=$((BATCH / NHOSTS * R_K))
+        PROGRESS_BATCH=$gb
+        # plain python: the script makes a world of one itself, and no launcher shares the host's core
+        run_hosts "$ref" "1 host" - 1 "$THREADS" "$RUNS/1host/$ref" - -- "$PYTHON" \
+            "$R_SCRIPT" --data "$(net_data "$gb")" -a "$ARCH" -b "$gb" --epochs 1 -j "$WORKERS" \
+            --image-size "$IMAGE_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" "${R_ARGS[@]}" --output-dir "$RUNS/1host/$ref"
+    done
+
+    # 4. every row at every rate, row by row (a backend's set-up, sshd or the two-node cluster, is made once)
+    for row in ${ROWS//,/ }; do
+        parse_row "$row"
+        local missing why=""
+        missing=$(missing_options "$R_SCRIPT" "${R_ARGS[@]}")
+        [[ -n $missing ]] && why="$R_SCRIPT has no $missing (yet)"
+        if [[ -z $why && $R_BACKEND == horovod ]]; then
+            HVDRUN=$(dirname "$PYTHON")/horovodrun
+            [[ -x $HVDRUN ]] || HVDRUN=$(command -v horovodrun || true)
+            if ! "$PYTHON" -c 'import horovod.torch' >/dev/null 2>&1; then
+                why="horovod: not installed — PYTHON=$PYTHON bash tools/install-horovod.sh"
+            elif [[ -z $HVDRUN ]]; then
+                why="horovod: horovod.torch imports but horovodrun is not on PATH"
+            else
+                if ! horovod_setup >"$RUNS/horovod-setup.log" 2>&1; then  # here, not in a subshell: it sets SSH_DIR
+                    why="horovod: could not start sshd in the hosts: $(tail -n 1 "$RUNS/horovod-setup.log")"
+                    horovod_teardown
+                fi
+            fi
+        fi
+        if [[ -z $why && $R_BACKEND == slurm ]]; then
+            if ! slurm_setup >"$RUNS/slurm-setup.log" 2>&1; then  # here: the lock it takes must outlive it
+                why="slurm: $(tail -n 1 "$RUNS/slurm-setup.log")"
+                slurm_teardown
+            fi
+        fi
+        local gb=$((BATCH * R_K))
+        PROGRESS_BATCH=$gb
+        for rate in ${LINKS//,/ }; do
+            if [[ -n $why ]]; then
+                net_skip "$row" "$rate" "$why"
+                continue
+            fi
+            hosts_sh shape "$([[ $rate == unshaped ]] && echo off || echo "$rate")" >/dev/null 2>&1 ||
+                die "could not shape the hosts' links to $rate"
+            local -a args=(--data "$(net_data "$gb")" -a "$ARCH" -b "$gb" --epochs 1 -j "$WORKERS"
+                           --image-size "$IMAGE_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" --dist-timeout 300 "${R_ARGS[@]}")
+            local dir=$RUNS/$rate/$row
+            case $R_BACKEND in
+                distributed | apex | fsdp) launch_torchrun "$row" "$rate" "$(ref_of "$row")" "$dir" "$R_SCRIPT" "${args[@]}" ;;
+                multiprocessing) launch_spawn "$row" "$rate" "$(ref_of "$row")" "$dir" "$R_SCRIPT" "${args[@]}" ;;
+                horovod) launch_horovod "$row" "$rate" "$(ref_of "$row")" "$dir" "$R_SCRIPT" "${args[@]}" ;;
+                slurm) launch_slurm "$row" "$rate" "$(ref_of "$row")" "$dir" "$R_SCRIPT" "${args[@]}" ;;
+            esac
+        done
+        [[ $R_BACKEND == horovod ]] && horovod_teardown
+        [[ $R_BACKEND == slurm ]] && slurm_teardown
+    done
+
+    WALL=$((SECONDS - T0))
+    LOAD_AFTER=$(cut -d' ' -f1-3 /proc/loadavg)
+    echo "$PROG: all runs took ${WALL}s; load average after: $LOAD_AFTER"
+    net_cleanup
+    trap - EXIT
+    "$PYTHON" tools/benchmark_report.py --network --results "$RESULTS" --wall "$WALL" --config "$CONFIG" \
+        --arch "$ARCH" --image-size "$IMAGE_SIZE" --hosts "$NHOSTS" --batch "$BATCH" \
+        --command "${START_COMMAND:-$CMDLINE}" --title "$NHOSTS test hosts over shaped links, CPU ($CORES cores)" \
+        --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" ${LOADER_IPS:+--loader-ips "$LOADER_IPS"} \
+        ${WORKERS:+--workers "$WORKERS"}
+    exit "$FAILED"
+}
+
+# The one-process run a row is compared with: the same script and extra arguments, except that the
+# launchers that all run distributed.py's DDP step (mp.spawn, horovodrun, srun, and FSDP, which in one
+# process shards nothing) share distributed.py's.
+ref_of() {
+    local row=$1 backend=${1%%+*} rest=""
+    [[ $row == *+* ]] && rest=+${row#*+}
+    case $backend in
+        apex) echo "apex$rest" ;;
+        *) echo "distributed$rest" ;;
+    esac
+}
