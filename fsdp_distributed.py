@@ -3,11 +3,9 @@
 
     torchrun --nproc_per_node=4 fsdp_distributed.py --data /path/to/imagenet
     torchrun --nnodes=2 --node-rank=0 --nproc_per_node=8 --master-addr=HOST0 fsdp_distributed.py ...
-    python fsdp_distributed.py ...                                                  # one process
 
 The launcher starts the processes and hands each its RANK, WORLD_SIZE and LOCAL_RANK;
-each process trains on its shard of every batch holding 1/N of the parameters, gradients and
-momentum: FSDP gathers a block's parameters for its forward and backward, then frees them.
+each process trains on its shard of every batch and holds 1/N of the weights, gradients and momentum.
 Everything between "shared" markers is the same, line for line, in all the scripts of this
 project: `diff distributed.py <script>.py` shows exactly what another backend changes.
 """
@@ -25,6 +23,7 @@ import resource
 import signal
 import socket
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -37,9 +36,7 @@ for module, oldest in ((torch, (2, 7)), (torchvision, (0, 22))):  # FSDP2 on CPU
         sys.exit(f"{os.path.basename(__file__)}: error: needs {module.__name__} >= {'.'.join(map(str, oldest))}, "
                  f"not {module.__version__}: pip install -r requirements.txt")
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_optimizer_state_dict)
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.checkpoint import state_dict as dsd
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 import torch.nn as nn
@@ -138,9 +135,6 @@ def resolve_defaults(args, world_size):
 #   in which backward() accumulates without communicating; full_state(model, optimizer) -> what a checkpoint saves;
 #   sync_batchnorm(model) -> model; all_reduce_sum(tensor) -> tensor summed over processes; prefetch(batches,
 #   device) -> batches; shutdown().
-MESH = []  # the device mesh over all processes, made by init_distributed: FSDP shards every parameter over it
-
-
 def add_backend_args(p):
     p.add_argument("--local-rank", "--local_rank", type=int, dest="local_rank")  # the legacy launcher passes it
 
@@ -150,7 +144,7 @@ def main():
     p = build_parser()
     add_backend_args(p)
     args = p.parse_args()
-    if "RANK" not in os.environ:  # plain `python fsdp_distributed.py`: a world of one
+    if "RANK" not in os.environ:  # started without a launcher: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))
     if os.environ["RANK"] == "0" and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0" and \
@@ -166,51 +160,62 @@ def init_distributed(args, local_rank, rank, world_size):
     dist.init_process_group(args.dist_backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=args.dist_timeout),
                             device_id=device if device.type == "cuda" else None)
-    MESH[:] = [init_device_mesh(device.type, (world_size,))]
     return device
 
 
 def distribute(model, optimizer, args, device):
-    """Shards the model in place, a group per block of its Sequential children (ResNet's residual blocks), the
-    root keeping the rest; the optimizer is built anew on the shards, a resumed run's state sliced into it."""
-    inner, mesh = getattr(model, "_orig_mod", model), MESH[0]  # --compile: shard the module it compiled
-    names = [n for n, _ in inner.named_parameters()]
+    """Shards the model in place, in groups FSDP gathers whole (the largest sets the peak): a module holding over 1/10
+    of the parameters is split, each child a group or split in turn; the optimizer is built anew on the shards."""
+    inner, mesh = getattr(model, "_orig_mod", model), dist.init_device_mesh(device.type, (dist.get_world_size(),))
+    names, total, sizes = [n for n, _ in inner.named_parameters()], sum(p.numel() for p in inner.parameters()), []
     inner.to(memory_format=torch.contiguous_format)  # FSDP shards no channels_last parameters (inputs may be)
+    dynamo = torch._dynamo.config  # --compile: FSDP's hooks cut the graph at each group; each shape compiled apart
+    dynamo.automatic_dynamic_shapes, dynamo.recompile_limit = False, 64  # (static shapes: dynamic ones fail Inductor)
+    for first in [s[0] for s in inner.modules() if isinstance(s, nn.Sequential) and s and hasattr(s[0], "inplace")]:
+        first.inplace = False  # FSDP hands a group its input through an autograd Function: not to be changed in place
     reduce = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.grad_compression)  # --grad-compression
     policy = MixedPrecisionPolicy(*(torch.bfloat16, reduce or torch.float32) if args.amp == "bf16" else (None, reduce))
-    norms = [m for m in inner.modules() if isinstance(m, (nn.modules.batchnorm._NormBase, nn.GroupNorm))
-             and m.weight is not None]
+    norms = [m for m in inner.modules() if isinstance(m, (nn.modules.batchnorm._NormBase, nn.GroupNorm)) and m.affine]
     if policy.param_dtype and norms:  # bf16 norm weights fail against fp32 running statistics: one fp32 group
+        sizes.append(sum(p.numel() for m in norms for p in m.parameters()))
         fully_shard(norms, mesh=mesh, mp_policy=MixedPrecisionPolicy(output_dtype=torch.bfloat16))
-    for block in [b for m in inner.children() if isinstance(m, nn.Sequential) for b in m if list(b.parameters())]:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(inner, mesh=mesh, mp_policy=policy)
-    plain = optimizer.state_dict()  # momentum keyed by index in parameters() order
-    hyper = {k: v for k, v in plain["param_groups"][0].items() if k != "params"}
-    sharded = type(optimizer)(inner.parameters(), **hyper | {"fused": False})  # no fused SGD for sharded tensors
+
+    def loose(m):  # the parameters of m in no group yet (fully_shard turns those of a group into DTensors)
+        return sum(p.numel() for p in m.parameters() if not isinstance(p, dist.tensor.DTensor))
+
+    def shard(m):  # (attention may use its children's weights directly: never split)
+        for c in m.children() if loose(m) > total / 10 and "Attention" not in type(m).__name__ else ():
+            shard(c)
+        if loose(m) or m is inner:
+            sizes.append(loose(m))
+            fully_shard(m, mesh=mesh, mp_policy=policy)
+    shard(inner)
+    if dist.get_rank() == 0:
+        print(f"{SCRIPT}: {len(sizes)} FSDP groups, the largest {max(sizes) / total:.1%} of the parameters", flush=True)
+    plain = optimizer.state_dict()  # its settings, unfused (fused SGD takes no DTensors); momentum keyed by index
+    sharded = type(optimizer)(**plain["param_groups"][0] | {"params": inner.parameters(), "fused": False})
     if plain["state"]:  # resumed: the whole momentum buffers by parameter name, each process taking its shards
         state = {"state": {names[i]: s for i, s in plain["state"].items()}, "param_groups": [
             {**g, "params": [names[i] for i in g["params"]], "fused": False} for g in plain["param_groups"]]}
-        set_optimizer_state_dict(inner, sharded, state, options=StateDictOptions(full_state_dict=True))
+        dsd.set_optimizer_state_dict(inner, sharded, state, options=dsd.StateDictOptions(full_state_dict=True))
     return model, sharded
 
 
 @contextlib.contextmanager
-def no_sync(model):  # gradient accumulation: gradients stay whole and local until the last backward of a step
-    getattr(model, "_orig_mod", model).set_requires_gradient_sync(False)
+def no_sync(model):  # gradient accumulation: backward() adds to the gradients, sending none
+    getattr(model, "_orig_mod", model).set_requires_gradient_sync(False)  # they stay whole and local until
     yield
-    getattr(model, "_orig_mod", model).set_requires_gradient_sync(True)
+    getattr(model, "_orig_mod", model).set_requires_gradient_sync(True)  # the first backward after it
 
 
-def full_state(model, optimizer):
-    """The whole state gathered onto rank 0's CPU (the others get {}) in the format of an unwrapped model and
-    torch.optim.SGD (momentum keyed by parameter index): checkpoints move to and from the other scripts."""
-    inner, options = getattr(model, "_orig_mod", model), StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(inner, options=options)
+def full_state(model, optimizer):  # called in every process; rank 0 saves what it returns
+    options = dsd.StateDictOptions(full_state_dict=True, cpu_offload=True)  # gathered on rank 0's CPU, none elsewhere
+    weights = model.state_dict()  # sharded; its _metadata has the module versions some models check (MNASNet)
+    weights.update(dsd.get_model_state_dict(model, options=options))  # whole on rank 0
     if not optimizer.state:  # no step yet: get_optimizer_state_dict would take a zero-gradient step, which
         return weights, optimizer.state_dict()  # weight decay turns into momentum
-    osd = get_optimizer_state_dict(inner, optimizer, options=options)  # keyed by parameter name
-    index = {name: i for i, (name, _) in enumerate(inner.named_parameters())}
+    osd = dsd.get_optimizer_state_dict(model, optimizer, options=options)  # by name: back to SGD's indices
+    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
     return weights, osd and {"state": {index[k]: v for k, v in osd["state"].items()}, "param_groups": [
         {**g, "params": [index[k] for k in g["params"]]} for g in osd["param_groups"]]}
 
@@ -225,8 +230,7 @@ def all_reduce_sum(tensor):
 
 
 def prefetch(loader, device):
-    """FSDP's forward is collective (it gathers parameters), so all processes must run as many. Validation's
-    shares (images r, r+W, ...) may differ by a batch: the processes that run out forward empty batches."""
+    """FSDP's forward is collective: where validation's shares differ by a batch, the shorter forward an empty one."""
     first = next(loader, None)  # for the image shape of the empty batches (a process may have none at all)
     size = torch.tensor([len(loader), *(first[0].shape[1:] if first else (0, 0, 0))], device=device)
     dist.all_reduce(size, dist.ReduceOp.MAX)
@@ -749,11 +753,9 @@ def check_args(args, world_size):
     if not args.dummy:
         check_data(args.data)
     args.output_dir = args.output_dir or os.path.join("output", os.path.splitext(SCRIPT)[0])
-    probe = os.path.join(args.output_dir, f".write-test-{socket.gethostname()}-{os.getpid()}")
     try:  # a folder that cannot hold checkpoints fails now, not after the first epoch
         os.makedirs(args.output_dir, exist_ok=True)
-        open(probe, "wb").close()
-        os.remove(probe)
+        tempfile.TemporaryFile(dir=args.output_dir).close()  # a file made and removed
     except OSError as e:
         raise UserError(f"output folder {args.output_dir} cannot be written: {e.strerror or e}") from None
 

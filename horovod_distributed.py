@@ -24,6 +24,7 @@ import resource
 import signal
 import socket
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -180,8 +181,8 @@ def distribute(model, optimizer, args, device):
     return model, optimizer
 
 
-def no_sync(model):  # Horovod counts the backward passes itself and all-reduces in the last of a step's
-    return contextlib.nullcontext()
+def no_sync(model):  # gradient accumulation: backward() adds to the gradients, sending none
+    return contextlib.nullcontext()  # (Horovod counts the backward passes itself: backward_passes_per_step)
 
 
 def full_state(model, optimizer):  # called in every process; rank 0 saves what it returns
@@ -720,11 +721,9 @@ def check_args(args, world_size):
     if not args.dummy:
         check_data(args.data)
     args.output_dir = args.output_dir or os.path.join("output", os.path.splitext(SCRIPT)[0])
-    probe = os.path.join(args.output_dir, f".write-test-{socket.gethostname()}-{os.getpid()}")
     try:  # a folder that cannot hold checkpoints fails now, not after the first epoch
         os.makedirs(args.output_dir, exist_ok=True)
-        open(probe, "wb").close()
-        os.remove(probe)
+        tempfile.TemporaryFile(dir=args.output_dir).close()  # a file made and removed
     except OSError as e:
         raise UserError(f"output folder {args.output_dir} cannot be written: {e.strerror or e}") from None
 

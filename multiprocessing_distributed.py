@@ -25,6 +25,7 @@ import resource
 import signal
 import socket
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -174,15 +175,14 @@ def init_distributed(args, local_rank, rank, world_size):
 
 
 def distribute(model, optimizer, args, device):
-    ids = [device.index] if device.type == "cuda" else None
-    model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if args.grad_compression != "none":  # each bucket is all-reduced in 16 bits, then cast back for the optimizer
         model.register_comm_hook(None, getattr(default_hooks, f"{args.grad_compression}_compress_hook"))
     return model, optimizer
 
 
-def no_sync(model):  # gradient accumulation: DDP all-reduces in the backward pass after this context
-    return model.no_sync()
+def no_sync(model):  # gradient accumulation: backward() adds to the gradients, sending none
+    return model.no_sync()  # (DDP all-reduces them in the first backward after it)
 
 
 def full_state(model, optimizer):  # called in every process; rank 0 saves what it returns
@@ -715,11 +715,9 @@ def check_args(args, world_size):
     if not args.dummy:
         check_data(args.data)
     args.output_dir = args.output_dir or os.path.join("output", os.path.splitext(SCRIPT)[0])
-    probe = os.path.join(args.output_dir, f".write-test-{socket.gethostname()}-{os.getpid()}")
     try:  # a folder that cannot hold checkpoints fails now, not after the first epoch
         os.makedirs(args.output_dir, exist_ok=True)
-        open(probe, "wb").close()
-        os.remove(probe)
+        tempfile.TemporaryFile(dir=args.output_dir).close()  # a file made and removed
     except OSError as e:
         raise UserError(f"output folder {args.output_dir} cannot be written: {e.strerror or e}") from None
 

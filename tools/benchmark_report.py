@@ -473,11 +473,14 @@ def memory_line(memory_json, results):
     if memory_json:
         with open(memory_json) as f:
             m = json.load(f)
-        d, s = m["ddp"], m["fsdp"]
-        return (f"- fsdp vs distributed (DDP), per process, {m['arch']} at {m['nproc']} processes "
-                f"(tools/fsdp_memory.py): parameters + gradients + momentum {s['state'] / 2**20:.1f} MiB vs "
-                f"{d['state'] / 2**20:.1f} MiB ({s['state'] / d['state']:.2f}x), peak RSS above `import torch` "
-                f"{s['above'] / 2**20:.0f} MiB vs {d['above'] / 2**20:.0f} MiB")
+        lines = []
+        for arch, run in m["runs"].items():
+            d, s = run["ddp"], run["fsdp"]
+            lines.append(f"- fsdp vs distributed (DDP), per process, {arch} at {m['nproc']} processes "
+                         f"(tools/fsdp_memory.py): parameters + gradients + momentum {s['state'] / 2**20:.1f} MiB vs "
+                         f"{d['state'] / 2**20:.1f} MiB ({s['state'] / d['state']:.2f}x), peak RSS above "
+                         f"`import torch` {s['above'] / 2**20:.0f} MiB vs {d['above'] / 2**20:.0f} MiB")
+        return "\n".join(lines)
     report = "fsdp-memory.md"
     where = report if os.path.isfile(os.path.join(results, report)) else "results/fsdp-memory.md"
     return (f"- fsdp holds 1/N of the parameters, gradients and momentum per process; what that saves against DDP: "

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """Per-process memory of DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), measured on the scripts themselves.
 
-    OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py [--arch resnet152] [--nproc 2] [--batch 4] [--size 64]
-                                                          [--steps 2] [--json PATH] [--md PATH]
+    OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py [--arch resnet152 [ARCH ...]] [--nproc 2]
+                                            [--batch 4] [--size 64] [--steps 2] [--json PATH] [--md PATH]
 
-For each script, `python -m torch.distributed.run --standalone --nproc_per_node=N tools/fsdp_memory.py --worker
-SCRIPT` starts fresh processes (so each peak RSS is its backend's own). A worker imports the script as a module
-and runs its own code as its training loop does: init_distributed(args, local_rank, rank, world_size),
-create_model, build_optimizer, distribute(model, optimizer, args, device), then --steps SGD steps of
-forward(...), backward and optimizer.step() on random images, on the CPU (gloo). It reports, per process (the
-largest over the ranks): bytes of parameters, gradients and momentum the process holds (FSDP: its local shards,
-DTensor.to_local()), DDP's gradient buckets (a second copy of the gradients: distributed.py leaves
-gradient_as_bucket_view off), resident memory at each stage, and the peak (ru_maxrss) above the RSS after
-`import torch`.
+For each model (--arch) and each script, `python -m torch.distributed.run --standalone --nproc_per_node=N
+tools/fsdp_memory.py --worker SCRIPT` starts fresh processes (so each peak RSS is its backend's own). A worker
+imports the script as a module and runs its own code as its training loop does: init_distributed(args,
+local_rank, rank, world_size), create_model, build_optimizer, distribute(model, optimizer, args, device), then
+--steps SGD steps of forward(...), backward and optimizer.step() on random images, on the CPU (gloo). It
+reports, per process (the largest over the ranks): bytes of parameters, gradients and momentum the process holds
+(FSDP: its local shards, DTensor.to_local()), DDP's gradient buckets (a second copy of the gradients:
+distributed.py leaves gradient_as_bucket_view off), resident memory at each stage, and the peak (ru_maxrss)
+above the RSS after `import torch`. The FSDP worker also reports the line distribute() prints: how many groups
+it sharded the model into, and the largest group's share of the parameters, which FSDP gathers whole for its
+forward and backward.
 
 glibc keeps freed blocks below its adaptive mmap threshold for reuse, so RSS overstates what is live: the
 workers run with MALLOC_MMAP_THRESHOLD_=1048576 (unless set), which returns blocks of 1 MiB and more at once
@@ -43,7 +45,8 @@ COLUMNS = [("params", "parameters"), ("grads", "gradients"), ("momentum", "momen
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--arch", default="resnet152", help="torchvision model (default: resnet152)")
+    p.add_argument("--arch", nargs="+", default=["resnet152"], help="torchvision models, measured one after the "
+                   "other (default: resnet152)")
     p.add_argument("--nproc", type=int, default=2, help="processes (default: 2)")
     p.add_argument("--batch", type=int, default=4, help="global batch (default: 4)")
     p.add_argument("--size", type=int, default=64, help="image size (default: 64)")
@@ -68,7 +71,9 @@ def as_typed(path):  # a path as a user types it in the checkout
 def worker(a):
     import torch  # noqa: F401  (the baseline: what every process pays before any model)
     rss_torch = rss()
+    import contextlib
     import gc
+    import io
     import importlib.util
 
     import torch.distributed as dist
@@ -79,7 +84,7 @@ def worker(a):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     rank, world, local_rank = (int(os.environ[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    args = script.build_parser().parse_args(["--dummy", "-a", a.arch, "-b", str(a.batch), "--image-size",
+    args = script.build_parser().parse_args(["--dummy", "-a", a.arch[0], "-b", str(a.batch), "--image-size",
                                              str(a.size), "--dist-backend", "gloo"])
     script.resolve_defaults(args, world)
     device = script.init_distributed(args, local_rank, rank, world)
@@ -91,7 +96,9 @@ def worker(a):
     n_params = sum(p.numel() for p in model.parameters())
     optimizer = script.build_optimizer(model, args, device)
     rss_built = rss()
-    model, optimizer = script.distribute(model, optimizer, args, device)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        model, optimizer = script.distribute(model, optimizer, args, device)
     gc.collect()
     rss_dist = rss()
     per = a.batch // world
@@ -117,7 +124,8 @@ def worker(a):
                momentum=nbytes(s.get("momentum_buffer") for s in optimizer.state.values()), buckets=buckets,
                rss_torch=rss_torch, rss_init=rss_init, rss_built=rss_built, rss_dist=rss_dist, rss_end=rss(),
                peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-               optimizer=f"{type(optimizer).__module__}.{type(optimizer).__name__}", threads=torch.get_num_threads())
+               optimizer=f"{type(optimizer).__module__}.{type(optimizer).__name__}", threads=torch.get_num_threads(),
+               groups=printed.getvalue().strip().split(": ", 1)[-1] if a.worker == "fsdp" else "")
     row["state"] = row["params"] + row["grads"] + row["momentum"]
     row["total"] = row["state"] + row["buckets"]
     row["above"] = row["peak"] - row["rss_torch"]
@@ -129,18 +137,18 @@ def worker(a):
     script.shutdown()
 
 
-def measure(a, mode):
+def measure(a, arch, mode):
     env = dict(os.environ)
     env.setdefault("MALLOC_MMAP_THRESHOLD_", "1048576")
     env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}",
-               os.path.abspath(__file__), "--worker", mode, "--result", out, "--arch", a.arch,
+               os.path.abspath(__file__), "--worker", mode, "--result", out, "--arch", arch,
                "--batch", str(a.batch), "--size", str(a.size), "--steps", str(a.steps)]
         p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if p.returncode != 0 or not os.path.isfile(out):
-            sys.exit(f"fsdp_memory.py: {SCRIPTS[mode]} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+            sys.exit(f"fsdp_memory.py: {SCRIPTS[mode]} failed on {arch} (exit {p.returncode}):\n{p.stderr[-3000:]}")
         with open(out) as f:
             return json.load(f)
 
@@ -153,34 +161,38 @@ def cpu_name():
         return platform.processor() or "?"
 
 
-def report(a, rows, argv, load_before, load_after, wall):
+def report(a, runs, argv, load_before, load_after, wall):
     import torch
-    ddp, fsdp = rows["ddp"], rows["fsdp"]
     command = "OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py" + "".join(
         f" {shlex.quote(as_typed(x) if i and argv[i - 1] in ('--json', '--md') else x)}" for i, x in enumerate(argv))
     lines = [f"# Memory per process: DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), {a.nproc} processes, CPU",
              "",
-             f"{a.arch}, {ddp['n_params'] / 1e6:.2f} M parameters (fp32), {a.nproc} processes, global batch "
-             f"{a.batch} ({a.batch // a.nproc} per process) at {a.size} px, {a.steps} SGD step(s) with momentum "
-             f"({fsdp['optimizer']}). MiB per process, the largest over the ranks; FSDP's tensors are its local "
-             "shards (DTensor.to_local()).",
-             "",
-             "| per process (MiB) | DDP | FSDP | FSDP / DDP |", "|---|---:|---:|---:|"]
-    for key, name in COLUMNS:
-        d, f = ddp[key], fsdp[key]
-        lines.append(f"| {name} | {d / MB:.1f} | {f / MB:.1f} | {f'{f / d:.2f}' if d and f else '-'} |")
+             f"{a.nproc} processes, global batch {a.batch} ({a.batch // a.nproc} per process) at {a.size} px, "
+             f"{a.steps} SGD step(s) with momentum, fp32. MiB per process, the largest over the ranks; FSDP's "
+             "tensors are its local shards (DTensor.to_local())."]
+    for arch, rows in runs.items():
+        ddp, fsdp = rows["ddp"], rows["fsdp"]
+        lines += ["", f"## {arch}", "",
+                  f"{ddp['n_params'] / 1e6:.2f} M parameters; fsdp_distributed.py's distribute() made "
+                  f"{fsdp['groups']}; optimizer {fsdp['optimizer']}.",
+                  "", "| per process (MiB) | DDP | FSDP | FSDP / DDP |", "|---|---:|---:|---:|"]
+        for key, name in COLUMNS:
+            d, f = ddp[key], fsdp[key]
+            lines.append(f"| {name} | {d / MB:.1f} | {f / MB:.1f} | {f'{f / d:.2f}' if d and f else '-'} |")
+    threads = next(iter(runs.values()))["ddp"]["threads"]
     lines += ["",
               f"- command: `{command}`",
               f"- date: {datetime.date.today().isoformat()}; {wall:.0f} s in all",
               f"- machine: {cpu_name()}, {os.cpu_count()} cores; load average before {load_before}, after "
-              f"{load_after}; {ddp['threads']} thread(s) per process; torch {torch.__version__}",
+              f"{load_after}; {threads} thread(s) per process; torch {torch.__version__}",
               f"- MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', '1048576')} in the workers: glibc "
               "returns freed blocks of 1 MiB and more at once, so RSS shows what is live rather than what the "
               "allocator keeps for reuse",
               "- the tensor rows are exact; the RSS rows include the allocator's and the libraries' overhead. "
               "DDP's gradient buckets are a second copy of the gradients (distributed.py leaves "
               "gradient_as_bucket_view off). FSDP's peak includes the whole model each process builds before "
-              "sharding it, as fsdp_distributed.py does."]
+              "sharding it, as fsdp_distributed.py does; past that, its peak is set by the activations and by "
+              "the groups gathered whole at a time, the largest above all."]
     return "\n".join(lines) + "\n"
 
 
@@ -193,18 +205,18 @@ def main():
     with open("/proc/loadavg") as f:
         load_before = " ".join(f.read().split()[:3])
     t0 = datetime.datetime.now()
-    rows = {mode: measure(a, mode) for mode in SCRIPTS}
+    runs = {arch: {mode: measure(a, arch, mode) for mode in SCRIPTS} for arch in a.arch}
     wall = (datetime.datetime.now() - t0).total_seconds()
     with open("/proc/loadavg") as f:
         load_after = " ".join(f.read().split()[:3])
-    text = report(a, rows, sys.argv[1:], load_before, load_after, wall)
+    text = report(a, runs, sys.argv[1:], load_before, load_after, wall)
     print(text, end="")
     if a.md:
         with open(a.md, "w") as f:
             f.write(text)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(arch=a.arch, nproc=a.nproc, batch=a.batch, size=a.size, steps=a.steps, **rows), f, indent=1)
+            json.dump(dict(nproc=a.nproc, batch=a.batch, size=a.size, steps=a.steps, runs=runs), f, indent=1)
 
 
 if __name__ == "__main__":
