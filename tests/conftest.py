@@ -288,8 +288,9 @@ def reference_run(tiny_data):
     the model that every launcher and backend must end with. Its output folder, made once per
     session; read it, never write into it. (A function too, for tests that start it in a thread
     beside their own runs.)"""
-    def make(out):
-        run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, *EXACT, "--output-dir", out])
+    def make(out):  # many tests fail with it: a busy machine must not make it time out (it takes ~10 s idle)
+        run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, *EXACT, "--output-dir", out],
+            timeout=900)
         return out
     return once("reference", make)
 
