@@ -4,16 +4,21 @@ Every run uses tiny images and a few steps, so the processes, launchers, collect
 checkpoints are real while the suite stays fast.
 
 The suite runs in parallel: tools/test.sh starts pytest with pytest-xdist (-n 3, TEST_WORKERS to
-change; --dist loadgroup, which pytest_configure below also sets for a bare `pytest -n N`). Most
+change; a bare `pytest -n N` works the same, and -p no:xdist runs one test after another). Most
 tests wait on process start-up, rendezvous and timeouts, so three workers on two cores finish
-sooner than one. What a new test uses so that it stays correct, and fast, in parallel:
+sooner than one. The tests are handed out by group (see "collection, scheduling" below): an
+xdist_group mark puts tests on one worker, one after another. What a new test uses so that it
+stays correct, and fast, in parallel:
 
 - Shared runs. `reference` is one `python distributed.py` process on `tiny_data` with TINY + EXACT:
-  the parameters every launcher and backend must reproduce. Both fixtures are made once per test
+  the parameters every launcher and backend must reproduce (compare with
+  max_param_diff(params(reference), params(out)) < PARAM_TOL; reference_run(tiny_data) is the same
+  for a test that starts it in a thread beside its own runs). Both fixtures are made once per test
   session, by whichever worker asks first (the others wait for it); make your own shared run with
   once(name, make), which calls make(folder) once per session and hands every caller its return
-  value. Read what they return, never write into it: copy it first (a resume into a shared
-  checkpoint's folder would change it under another test).
+  value (a session-scoped fixture around it, as tests/test_reliability.py does). Read what they
+  return, never write into it: copy it first (a resume into a shared checkpoint's folder would
+  change it under another test).
 - Module fixtures. The tests of a file that use a fixture with scope="module" defined in that file
   run on one worker, one after another (pytest_collection_modifyitems groups them), so the fixture
   is made once; a run several files need belongs in once() instead.

@@ -34,7 +34,8 @@ def require_horovod():
         except ImportError as e:
             problem = f"horovod.torch cannot be imported ({e})"
     if problem:
-        missing_backend(f"Horovod is not installed: {problem}; run `bash tools/install-horovod.sh`", "the Horovod tests")
+        missing_backend(f"Horovod is not installed: {problem}; run `bash tools/install-horovod.sh`",
+                        "the Horovod tests")
 
 
 def horovodrun(nproc, args, out):

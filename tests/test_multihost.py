@@ -245,7 +245,8 @@ class Runs:
     # ---- Slurm with one slurmd per host ----
     def slurm(self):
         t = time.monotonic()
-        with cluster_lock(exclusive=True, timeout=TIMEOUT):  # the cluster is shared: hold it while it has two nodes
+        # the cluster is shared: hold it, alone, while it has two nodes
+        with cluster_lock(exclusive=True, timeout=TIMEOUT):
             waited = time.monotonic() - t
             try:
                 up = subprocess.run(["bash", SLURM_LOCAL, "up", "--nodes", "2"], capture_output=True, text=True,
