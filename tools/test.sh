@@ -51,8 +51,16 @@ else
   echo "tools/test.sh: not root, so no test hosts (network namespaces): tests/test_multihost.py skips" >&2
 fi
 
+# the local Slurm cluster, unless the arguments name test files none of which is in the "cluster"
+# group (conftest.CLUSTER): .ci/run's second pass, say, need not start and stop it
+cluster=1
+paths=()
+for arg in "$@"; do case $arg in tests/*) paths+=("${arg%%::*}") ;; esac; done
+if [ "${#paths[@]}" -gt 0 ] && ! grep -rqs CLUSTER "${paths[@]}"; then cluster=0; fi
 started_slurm=0
-if [ "$(id -u)" = 0 ] && [ -f tools/slurm-local.sh ]; then
+if [ "$cluster" = 0 ]; then
+  :
+elif [ "$(id -u)" = 0 ] && [ -f tools/slurm-local.sh ]; then
   # stopped at the end only if started here; `up` on a running cluster is a no-op, unless it runs
   # a configuration older than the tests expect
   bash tools/slurm-local.sh status >/dev/null 2>&1 || started_slurm=1
