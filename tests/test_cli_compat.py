@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torchvision
 
-from conftest import BIN, PY, ROOT, TINY, env, error_lines, metrics, run, script
+from conftest import BIN, PY, ROOT, TINY, env, error_lines, metrics, needs_root, once, run, script
 
 SMALL = ["--image-size", "32", "-j", "0", "-b", "12", "-p", "100"]  # TINY without --epochs
 
@@ -91,13 +91,15 @@ def test_examples_command_line_parses(ddp, tmp_path):
         ddp.check_args(args, 1)
 
 
-@pytest.fixture(scope="module")
-def examples_style_run(tiny_data, tmp_path_factory):
-    """`distributed.py DATA --start-epoch 1 --epochs 2`, as pytorch/examples is started: trains epoch 1 only."""
-    out = tmp_path_factory.mktemp("examples_style")
-    p = run([PY, script("distributed.py"), tiny_data, "--start-epoch", "1", "--epochs", "2", *SMALL,
-             "--output-dir", str(out)])
-    return out, p.stdout
+@pytest.fixture(scope="session")
+def examples_style_run(tiny_data):
+    """`distributed.py DATA --start-epoch 1 --epochs 2`, as pytorch/examples is started: trains epoch 1 only.
+    Made once per session (the tests that read it may run on several workers); read-only."""
+    def make(out):
+        p = run([PY, script("distributed.py"), tiny_data, "--start-epoch", "1", "--epochs", "2", *SMALL,
+                 "--output-dir", out])
+        return out, p.stdout
+    return once("examples_style_run", make)
 
 
 def test_positional_data_and_start_epoch_and_first_line_settings(examples_style_run):
@@ -303,9 +305,8 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(ddp, tmp_path, mon
 @contextlib.contextmanager
 def tmpfs(path, size):
     os.makedirs(path)
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root; test_full_disk_while_saving_keeps_the_previous_checkpoint "
-                    "covers this with a mock")
+    needs_root("mounting a small tmpfs, a real full disk (test_full_disk_while_saving_keeps_the_previous_checkpoint "
+               "covers this with a mock)")
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
     try:
         yield path

@@ -1,9 +1,10 @@
 """horovod_distributed.py started by horovodrun trains and evaluates as one process would.
 
 These tests start real Horovod jobs (gloo controller, CPU) on the tiny data set and compare
-them with a single-process `python distributed.py` reference run with the same arguments.
-They need Horovod: without it they fail and say how to install it, unless
-ALLOW_MISSING_BACKENDS=1 is set, in which case they are skipped with that reason.
+them with a single-process `python distributed.py` reference run with the same arguments
+(conftest's `reference`). They need Horovod: without it they fail and say how to install it,
+unless ALLOW_MISSING_BACKENDS=1 is set (and CI=true is not), in which case they are skipped
+with that reason.
 """
 import math
 import os
@@ -12,14 +13,13 @@ import sys
 
 import pytest
 
-from conftest import EXACT, PARAM_TOL, PY, TINY, env, max_param_diff, metrics, params, run, script
+from conftest import (EXACT, PARAM_TOL, PY, TINY, env, max_param_diff, metrics, missing_backend, once, params, run,
+                      script)
 
 HOROVODRUN = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "horovodrun")
 # Float32 parameters after 4 SGD steps differ only by the rounding of differently ordered
 # sums: measured 1e-7 (2 processes) and 4e-7 (3 processes); BatchNorm would differ by ~0.6.
 TRAIN_IMAGES, VAL_IMAGES = 48, 101
-
-_horovod_runs = {}  # (nproc, purpose) -> output dir, shared by the tests that read the same run
 
 
 def require_horovod():
@@ -34,10 +34,8 @@ def require_horovod():
         except ImportError as e:
             problem = f"horovod.torch cannot be imported ({e})"
     if problem:
-        message = f"Horovod is not installed: {problem}; run `bash tools/install-horovod.sh`"
-        if os.environ.get("ALLOW_MISSING_BACKENDS") == "1":
-            pytest.skip(f"{message} (skipped because ALLOW_MISSING_BACKENDS=1)")
-        pytest.fail(f"{message} (or set ALLOW_MISSING_BACKENDS=1 to skip the Horovod tests)", pytrace=False)
+        missing_backend(f"Horovod is not installed: {problem}; run `bash tools/install-horovod.sh`",
+                        "the Horovod tests")
 
 
 def horovodrun(nproc, args, out):
@@ -48,20 +46,12 @@ def horovodrun(nproc, args, out):
 
 
 def exact_horovod_training(nproc, tiny_data, tmp_path_factory):
-    """horovodrun -np N with the reference's arguments (fp16 allreduce off), run once per module."""
-    if nproc not in _horovod_runs:
-        out = tmp_path_factory.mktemp(f"horovod{nproc}")
+    """horovodrun -np N with the reference's arguments (fp16 allreduce off), run once per session
+    for the tests that read the same run, whichever worker they run on."""
+    def make(out):
         horovodrun(nproc, ["--data", tiny_data, *TINY, *EXACT], out)
-        _horovod_runs[nproc] = str(out)
-    return _horovod_runs[nproc]
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_data, tmp_path_factory):
-    """One process (`python distributed.py`), the whole global batch of 12 each step."""
-    out = str(tmp_path_factory.mktemp("ref"))
-    run([PY, script("distributed.py"), "--data", tiny_data, *TINY, *EXACT, "--output-dir", out])
-    return out
+        return out
+    return once(f"horovod_exact_{nproc}", make)
 
 
 # A weight decay of 1 at a learning rate of 0.5: any optimizer step taken before evaluation
@@ -69,11 +59,12 @@ def reference(tiny_data, tmp_path_factory):
 EVAL = ["--evaluate", "--seed", "3", "--wd", "1", "--lr", "0.5"]
 
 
-@pytest.fixture(scope="module")
-def reference_evaluation(tiny_data, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("ref_eval"))
-    run([PY, script("distributed.py"), "--data", tiny_data, *TINY, *EVAL, "--output-dir", out])
-    return metrics(out)[-1]
+@pytest.fixture(scope="session")
+def reference_evaluation(tiny_data):
+    def make(out):  # once per session: the tests below may run on several workers
+        run([PY, script("distributed.py"), "--data", tiny_data, *TINY, *EVAL, "--output-dir", out])
+        return metrics(out)[-1]
+    return once("horovod_reference_evaluation", make)
 
 
 def test_horovodrun_2_processes_trains_and_writes_metrics(tiny_data, tmp_path):

@@ -13,14 +13,15 @@ with one line saying why, and the job resumed from its checkpoint must end where
 uninterrupted run ends.
 
 All runs are independent and mostly wait on each other, so the first test that needs one starts
-them all (Runs) and each test waits for its own.
+them all (Runs) and each test waits for its own; the one-process reference is conftest's, made
+once for the whole session.
 Needs root (namespaces; the Slurm part reconfigures the local cluster of tools/slurm-local.sh to
-two nodes under /tmp/slurm-cluster.lock and puts the one-node cluster back): without root these
-tests fail, they are not skipped.
+two nodes and puts the one-node cluster back): without root these tests skip, saying so (with
+CI=true they fail). The hosts and the cluster are one per machine: this file runs in the "cluster"
+group, holds the hosts' lock while it runs and the cluster's, exclusive, while it has two nodes.
 """
 import concurrent.futures
 import contextlib
-import fcntl
 import itertools
 import os
 import shutil
@@ -32,7 +33,8 @@ import time
 
 import pytest
 
-from conftest import BIN, EXACT, PARAM_TOL, PY, ROOT, TINY, env, max_param_diff, metrics, params, script
+from conftest import (BIN, CLUSTER, EXACT, PARAM_TOL, PY, ROOT, TINY, cluster_lock, env, hosts_lock, max_param_diff,
+                      metrics, needs_root, params, reference_run, script)
 
 HOSTS_SH = os.path.join(ROOT, "tools", "hosts.sh")
 SLURM_LOCAL = os.path.join(ROOT, "tools", "slurm-local.sh")
@@ -52,7 +54,7 @@ FAULT = ["--image-size", "32", "-j", "0", "-b", "6", "--epochs", "2", "-p", "1",
 FAULT_AT = "Epoch [1][2/"
 SLACK = 25
 PORTS = itertools.count(29400)  # ports in node0's namespace, where only these tests listen
-LOCK = "/tmp/slurm-cluster.lock"
+pytestmark = CLUSTER
 
 
 def on(host, cmd):
@@ -167,7 +169,7 @@ class Runs:
 
     # ---- one process, the reference ----
     def ref(self):
-        return self._local("ref", [*TINY, *EXACT])
+        return reference_run(self.data)
 
     def ref_fault(self):
         return self._local("ref_fault", FAULT)
@@ -243,15 +245,8 @@ class Runs:
     # ---- Slurm with one slurmd per host ----
     def slurm(self):
         t = time.monotonic()
-        with open(LOCK, "a") as lock:  # the cluster is shared: hold it while it has two nodes
-            deadline = time.monotonic() + TIMEOUT
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    assert time.monotonic() < deadline, f"{LOCK} held by another user for {TIMEOUT} s"
-                    time.sleep(1)
+        # the cluster is shared: hold it, alone, while it has two nodes
+        with cluster_lock(exclusive=True, timeout=TIMEOUT):
             waited = time.monotonic() - t
             try:
                 up = subprocess.run(["bash", SLURM_LOCAL, "up", "--nodes", "2"], capture_output=True, text=True,
@@ -331,14 +326,14 @@ def params_epoch(path):
 
 @pytest.fixture(scope="module")
 def hosts():
-    if os.geteuid() != 0:
-        pytest.fail("the multi-host tests need root, to make network namespaces (tools/hosts.sh up 2)", pytrace=False)
-    before = subprocess.run(["bash", HOSTS_SH, "status"], capture_output=True, text=True)
-    p = subprocess.run(["bash", HOSTS_SH, "up", str(len(ALL_HOSTS))], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, f"tools/hosts.sh up {len(ALL_HOSTS)} failed: {p.stderr}"
-    yield ALL_HOSTS
-    if before.returncode != 0:  # made here: removed here
-        subprocess.run(["bash", HOSTS_SH, "down"], capture_output=True, timeout=60)
+    needs_root("network namespaces for the test hosts (tools/hosts.sh)")
+    with hosts_lock():  # another session's multi-host tests wait: the link cut would disturb their runs
+        before = subprocess.run(["bash", HOSTS_SH, "status"], capture_output=True, text=True)
+        p = subprocess.run(["bash", HOSTS_SH, "up", str(len(ALL_HOSTS))], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, f"tools/hosts.sh up {len(ALL_HOSTS)} failed: {p.stderr}"
+        yield ALL_HOSTS
+        if before.returncode != 0:  # made here: removed here
+            subprocess.run(["bash", HOSTS_SH, "down"], capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -391,10 +386,10 @@ def test_hosts_tool_says_in_one_line_when_not_root():
 # ---- training across the hosts ----
 
 def assert_like_one_process(runs, out, world_size=2):
-    runs.get("ref")
-    diff = max_param_diff(params(runs.out("ref")), params(out))
+    ref = runs.get("ref")
+    diff = max_param_diff(params(ref), params(out))
     assert diff < PARAM_TOL, f"{out} differs from one process by {diff:.3g}"
-    m, r = metrics(out)[-1], metrics(runs.out("ref"))[-1]
+    m, r = metrics(out)[-1], metrics(ref)[-1]
     assert m["world_size"] == world_size
     assert (m["val_images"], m["val_acc1"], m["val_acc5"]) == (VAL_IMAGES, r["val_acc1"], r["val_acc5"])
 

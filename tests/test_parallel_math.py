@@ -3,21 +3,14 @@
 The averaged gradient of W equal shards is the gradient of the whole batch, so W
 processes with the same global batch, seed and data order must end with the same
 parameters as one process, up to float summation order. These tests start the real
-processes (gloo, CPU) and compare the checkpoints.
+processes (gloo, CPU) and compare the checkpoints with conftest's `reference`: one process, made
+once for the whole session.
 """
 import os
 
 import pytest
 
-from conftest import EXACT, PARAM_TOL, PY, TINY, launch_cmd, max_param_diff, metrics, params, run, script
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_data, tmp_path_factory):
-    """One process, the whole global batch of 12 each step."""
-    out = str(tmp_path_factory.mktemp("ref"))
-    run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, *EXACT, "--output-dir", out])
-    return out
+from conftest import EXACT, PARAM_TOL, PY, TINY, launch_cmd, max_param_diff, metrics, once, params, run, script
 
 
 @pytest.mark.parametrize("kind,nproc,name,extra", [
@@ -81,12 +74,13 @@ def test_plain_batchnorm_does_differ_so_the_check_is_not_vacuous(tiny_data, tmp_
     assert max_param_diff(params(str(tmp_path / "one")), params(str(tmp_path / "two"))) > 1e-2  # measured 0.6
 
 
-@pytest.fixture(scope="module")
-def eval_reference(tiny_data, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("evalref"))
-    run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, "--seed", "5", "--evaluate",
-                                                     "--output-dir", out])
-    return metrics(out)[-1]
+@pytest.fixture(scope="session")
+def eval_reference(tiny_data):
+    def make(out):  # once per session: the tests below may run on several workers
+        run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, "--seed", "5", "--evaluate",
+                                                         "--output-dir", out])
+        return metrics(out)[-1]
+    return once("eval_reference_seed5", make)
 
 
 @pytest.mark.parametrize("kind,nproc,name,extra", [

@@ -6,7 +6,9 @@ training log; times are measured from the kill.
 """
 import contextlib
 import os
+import pathlib
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +19,7 @@ import time
 import pytest
 import torch
 
-from conftest import BIN, PY, ROOT, env, error_lines, free_port, max_param_diff, params, run, script, torchrun
+from conftest import BIN, PY, ROOT, env, error_lines, free_port, max_param_diff, once, params, run, script, torchrun
 
 # 48 training images in a global batch of 4: 12 steps per epoch, a log line per step.
 RESUME = ["--image-size", "32", "-j", "0", "-b", "4", "--epochs", "3", "-p", "1", "--lr-step", "1",
@@ -100,25 +102,32 @@ def train_cmd(tiny_data, out, *extra, nproc=2, launcher=()):
                                          "--output-dir", str(out), *extra]
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tiny_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("uninterrupted")
-    run(train_cmd(tiny_data, out))
-    return params(str(out))
+# The runs that several tests read are made once per session (conftest.once), whichever worker
+# runs the first of them; a test that writes into one works on a copy.
+
+@pytest.fixture(scope="session")
+def uninterrupted(tiny_data):
+    def make(out):
+        run(train_cmd(tiny_data, out))
+        return out
+    return params(once("reliability_uninterrupted", make))
 
 
-@pytest.fixture(scope="module")
-def killed_run(tiny_data, tmp_path_factory):
+@pytest.fixture(scope="session")
+def killed_run(tiny_data):
     """A 2-process torchrun run whose rank 1 is SIGKILLed in the middle of epoch 1."""
-    out = tmp_path_factory.mktemp("killed")
-    rc, lines, exit_s = run_and_kill(train_cmd(tiny_data, out), rank=1)
-    return dict(out=out, rc=rc, lines=lines, exit_s=exit_s)
+    def make(out):
+        rc, lines, exit_s = run_and_kill(train_cmd(tiny_data, out), rank=1)
+        return dict(out=out, rc=rc, lines=lines, exit_s=exit_s)
+    return once("reliability_killed_run", make)
 
 
 # ---- 1. exact resume ----
 
-def test_run_killed_mid_epoch_and_resumed_ends_with_identical_parameters(tiny_data, uninterrupted, killed_run):
-    out = killed_run["out"]
+def test_run_killed_mid_epoch_and_resumed_ends_with_identical_parameters(tiny_data, uninterrupted, killed_run,
+                                                                          tmp_path):
+    out = tmp_path / "killed"  # the resume writes into the run's folder: a copy of the shared one
+    shutil.copytree(killed_run["out"], out)
     assert killed_run["rc"] != 0
     ckpt = torch.load(os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=True)
     assert ckpt["epoch"] == 1  # the latest checkpoint is the end of epoch 0: the kill came in epoch 1
@@ -160,10 +169,13 @@ def finish(p, t0, timeout=120):
     return dict(rc=p.returncode, stdout=out, stderr=err, seconds=time.monotonic() - t0)
 
 
-@pytest.fixture(scope="module")
-def failed_starts(tiny_data, tmp_path_factory):
+@pytest.fixture(scope="session")
+def failed_starts(tiny_data):
     """Launches that cannot form their group, started together (they mostly wait)."""
-    tmp = tmp_path_factory.mktemp("failed_starts")
+    return once("reliability_failed_starts", lambda tmp: start_failing(tiny_data, pathlib.Path(tmp)))
+
+
+def start_failing(tiny_data, tmp):
     mp = [PY, script("multiprocessing_distributed.py"), "--data", tiny_data, "--image-size", "32", "-j", "0",
           "--dist-timeout", "10"]
     holder = socket.socket()  # another program listening on the port rank 0 wants for its store

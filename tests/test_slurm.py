@@ -3,8 +3,11 @@
 These tests submit real jobs to a Slurm cluster: on one machine, the one-node cluster of
 tools/slurm-local.sh (4 CPUs, so 4 tasks at most; EnforcePartLimits=ALL rejects larger
 requests at once). They compare the jobs with a single-process `python distributed.py` run
-on the tiny data set. Without a usable cluster they fail and say how to start one, unless
-ALLOW_MISSING_BACKENDS=1 is set, in which case they are skipped with that reason.
+on the tiny data set (conftest's `reference`). Without a usable cluster they fail and say how to
+start one, unless ALLOW_MISSING_BACKENDS=1 is set (and CI=true is not), in which case they are
+skipped with that reason; a user who is not root, and so cannot start one, skips them (CI=true
+fails them). The cluster is one per machine: these tests run in the "cluster" group and hold it,
+shared, so that tests/test_multihost.py does not reconfigure it under their jobs.
 
 The jobs are independent, so the first test that needs one starts them all (Jobs.commands: those
 with bad input first, on an idle node, then the rest for Slurm to queue); each test waits for
@@ -23,7 +26,8 @@ import uuid
 
 import pytest
 
-from conftest import EXACT, PARAM_TOL, PY, ROOT, TINY, env, free_port, max_param_diff, metrics, params, script
+from conftest import (CLUSTER, EXACT, PARAM_TOL, PY, ROOT, TINY, env, free_port, max_param_diff, metrics,
+                      missing_backend, needs_root, params, script)
 
 SLURM_LOCAL = "bash tools/slurm-local.sh up"
 SBATCH_CPU = os.path.join(ROOT, "slurm", "train-cpu.sbatch")
@@ -35,6 +39,7 @@ JOB_TIMEOUT = 300  # seconds for any one command, queueing included; a hang show
 # A stuck collective fails (and -K ends the step) well before the test's timeout would.
 DIST = ["--dist-timeout", "120"]
 SCRIPT_ERROR = "distributed_slurm_main.py: error: "
+pytestmark = [CLUSTER, pytest.mark.usefixtures("slurm_cluster")]
 
 
 def slurm_problem(environ=None):
@@ -61,13 +66,14 @@ def slurm_problem(environ=None):
 
 def require_slurm(environ=None):
     """Fails the calling test (or skips it, explicitly, with ALLOW_MISSING_BACKENDS=1) when no usable
-    Slurm cluster answers."""
+    Slurm cluster answers; skips it for a user who is not root, who cannot start one (conftest's
+    needs_root: under CI=true it fails)."""
     problem = slurm_problem(environ)
     if problem:
         message = f"{problem}; run `{SLURM_LOCAL}`"
-        if os.environ.get("ALLOW_MISSING_BACKENDS") == "1":
-            pytest.skip(f"{message} (skipped because ALLOW_MISSING_BACKENDS=1)")
-        pytest.fail(f"{message} (or set ALLOW_MISSING_BACKENDS=1 to skip the Slurm tests)", pytrace=False)
+        if os.geteuid() != 0:
+            needs_root(f"a Slurm cluster, which tools/test.sh starts when run as root ({message} as root)")
+        missing_backend(message, "the Slurm tests")
 
 
 def node_cpus():
@@ -130,8 +136,7 @@ class Jobs:
 
     def __init__(self, data, tmp):
         self.data, self.tmp, self.futures, self.names = data, tmp, None, []
-        self.out = {k: str(tmp / k) for k in ("ref", "ref_eval", "n2", "spawn", "sbatch3", "eval2", "eval3",
-                                                "bad")}
+        self.out = {k: str(tmp / k) for k in ("ref_eval", "n2", "spawn", "sbatch3", "eval2", "eval3", "bad")}
         self.dist_dir = tmp / "rendezvous"
 
     def commands(self):
@@ -145,7 +150,6 @@ class Jobs:
             "bad_spawn": (slurm_run, 2, srun("-N1", "-n2") + [*d, "--spawn", "--output-dir", o["bad"]]),
             "no_srun": (slurm_run, 2, ["sbatch", "--wait", "-n2", f"--output={self.tmp / 'no_srun.out'}",
                                        f"--wrap={wrapped}"]),
-            "ref": (local_run, 0, [PY, script("distributed.py"), *d, *EXACT, "--output-dir", o["ref"]]),
             "bad_batch": (slurm_run, 2, srun("-N1", "-n2") + [*d, "-b", "1", "--output-dir", o["bad"]]),
             # sbatch --wait notices the end of a job only 10 to 30 s late: submit it first
             "sbatch3": (slurm_run, 0, ["sbatch", "--wait", "-n3", f"--output={self.tmp / 'sbatch3.out'}", SBATCH_CPU,
@@ -197,8 +201,9 @@ class Jobs:
 
 
 @pytest.fixture(scope="module")
-def jobs(tiny_data, tmp_path_factory):
+def jobs(tiny_data, reference, tmp_path_factory):
     j = Jobs(tiny_data, tmp_path_factory.mktemp("slurm"))
+    j.out["ref"] = reference  # one process, TINY + EXACT: made once for the whole session
     yield j
     j.cancel()
 
@@ -217,11 +222,24 @@ def one_error_line(result):
 
 def test_without_slurm_the_tests_fail_saying_how_to_start_a_cluster(monkeypatch, tmp_path):
     no_slurm = dict(os.environ, PATH=str(tmp_path))  # no sinfo
-    monkeypatch.delenv("ALLOW_MISSING_BACKENDS", raising=False)
+    for name in ("ALLOW_MISSING_BACKENDS", "CI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # root, who can start the local cluster
     with pytest.raises(pytest.fail.Exception, match="not installed.*run `bash tools/slurm-local.sh up`"):
         require_slurm(no_slurm)
     monkeypatch.setenv("ALLOW_MISSING_BACKENDS", "1")
     with pytest.raises(pytest.skip.Exception, match="bash tools/slurm-local.sh up.*ALLOW_MISSING_BACKENDS=1"):
+        require_slurm(no_slurm)
+    monkeypatch.setenv("CI", "true")  # in CI every backend's tests run
+    with pytest.raises(pytest.fail.Exception, match="not installed.*run `bash tools/slurm-local.sh up`.*CI=true"):
+        require_slurm(no_slurm)
+    # a user who is not root cannot start the local cluster: the tests skip, saying why, except in CI
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(pytest.fail.Exception, match="^needs root: a Slurm cluster.*CI=true"):
+        require_slurm(no_slurm)
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="^needs root: a Slurm cluster, which tools/test.sh starts when "
+                                                    "run as root .*not installed.*slurm-local.sh up"):
         require_slurm(no_slurm)
 
 
@@ -250,10 +268,14 @@ def test_srun_2_tasks_trains_and_writes_metrics(jobs):
 def test_with_the_cluster_down_the_tests_fail_saying_how_to_start_it(monkeypatch, tmp_path):
     # a slurm.conf naming a port no slurmctld listens on: sinfo answers as with a stopped cluster (in ~9 s)
     conf = tmp_path / "slurm.conf"
+    if not os.path.exists(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")):
+        require_slurm()  # no cluster's configuration to start from
     with open(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")) as f:
         lines = [line for line in f if not line.startswith("SlurmctldPort")]
     conf.write_text("".join(lines) + f"SlurmctldPort={free_port()}\n")
-    monkeypatch.delenv("ALLOW_MISSING_BACKENDS", raising=False)
+    for name in ("ALLOW_MISSING_BACKENDS", "CI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # root, who can start it
     with pytest.raises(pytest.fail.Exception, match="down.*run `bash tools/slurm-local.sh up`"):
         require_slurm(dict(os.environ, SLURM_CONF=str(conf)))
 
@@ -271,7 +293,6 @@ def test_sbatch_cpu_script_trains_with_a_dist_file_that_is_gone_afterwards(jobs)
 @pytest.mark.parametrize("name,world_size", [("n2", 2), ("sbatch3", 3), ("spawn", 2)],
                          ids=["srun-n2", "sbatch-srun-n3-dist-file", "srun-n1-spawn-nprocs2"])
 def test_training_gives_the_single_process_parameters(jobs, name, world_size):
-    jobs.get("ref").check()
     jobs.get(name).check(jobs.tmp / f"{name}.out")
     diff = max_param_diff(params(jobs.out["ref"]), params(jobs.out[name]))
     assert diff < PARAM_TOL, f"{name} differs from one process by {diff:.3g}"

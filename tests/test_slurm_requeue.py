@@ -11,7 +11,8 @@ made smaller on the command line (one node, 2 tasks of 1 CPU).
 
 Runs a real job on the Slurm cluster (tools/slurm-local.sh). Slurm holds a requeued job back for
 the job credential lifetime (AuthInfo=cred_expire, 120 s by default) before it starts it again:
-tools/slurm-local.sh sets 10 s, and the test fails when it finds more.
+tools/slurm-local.sh sets 10 s, and the test fails when it finds more. Like tests/test_slurm.py, it
+runs in the "cluster" group and holds the cluster, shared, while its jobs run.
 """
 import os
 import shutil
@@ -23,8 +24,10 @@ import uuid
 import pytest
 import torch
 
-from conftest import EXACT, PARAM_TOL, PY, ROOT, env, max_param_diff, params, run, script
+from conftest import CLUSTER, EXACT, PARAM_TOL, PY, ROOT, env, max_param_diff, params, run, script
 from test_slurm import require_slurm
+
+pytestmark = [CLUSTER, pytest.mark.usefixtures("slurm_cluster")]
 
 SBATCH = os.path.join(ROOT, "slurm", "train.sbatch")
 

@@ -7,6 +7,7 @@ and `id` with one that says "not root", so that nothing is installed and no clus
 """
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -53,3 +54,37 @@ def test_test_sh_puts_the_given_environment_first_on_path(tmp_path, how):
     lines = dict(line.split("=", 1) for line in record.read_text().splitlines())
     assert lines["python"] == f"{venv}/bin/python", lines
     assert lines["args"].endswith("tests/test_tools.py -k nothing"), lines  # the named file only, not all of tests/
+
+
+NEEDS_ROOT = """
+import os
+import conftest
+os.geteuid = lambda: 1000  # a user who is not root
+
+
+def test_mounts_a_tmpfs():
+    conftest.needs_root("mounting a tmpfs")
+
+
+def test_needs_nothing():
+    pass
+"""
+
+
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_a_test_that_needs_root_skips_for_other_users_saying_how_to_run_it_and_fails_in_ci(tmp_path, ci):
+    (tmp_path / "test_root.py").write_text(NEEDS_ROOT)
+    e = env(CI=ci, PYTHONPATH=os.path.join(ROOT, "tests"))
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:xdist", "-p", "no:cacheprovider",
+                        "-rs", "--rootdir", str(tmp_path), str(tmp_path / "test_root.py")],
+                       cwd=tmp_path, env=e, capture_output=True, text=True, timeout=120)
+    summary = [line for line in p.stdout.splitlines() if "need root" in line]
+    if ci:  # CI runs every test: one that cannot run fails, naming what it needs
+        assert p.returncode == 1 and "1 failed, 1 passed" in p.stdout, p.stdout
+        assert "needs root: mounting a tmpfs (CI=true runs every test" in p.stdout, p.stdout
+        assert summary == [], p.stdout
+    else:  # the skip names what needs root, and one line at the end says how to run such tests
+        assert p.returncode == 0 and "1 passed, 1 skipped" in p.stdout, p.stdout
+        assert any(line.startswith("SKIPPED [1]") and line.endswith(": needs root: mounting a tmpfs")
+                   for line in p.stdout.splitlines()), p.stdout
+        assert len(summary) == 1 and "as root, `bash tools/test.sh` runs them" in summary[0], p.stdout

@@ -5,12 +5,16 @@
 # (tools/install-horovod.sh, cached), starts the one-node Slurm cluster when run as root
 # (tools/slurm-local.sh; stopped again afterwards if this script started it), installs
 # openssh-server and iproute2 when root and missing (tests/test_multihost.py makes test hosts
-# and starts an sshd in each), then runs pytest. Every backend's tests run: a missing backend
-# fails its tests unless ALLOW_MISSING_BACKENDS=1, which turns those failures into visible skips.
+# and starts an sshd in each), then runs pytest, in parallel (pytest-xdist: TEST_WORKERS
+# processes, default 3; -n N among the arguments wins). Every backend's tests run: a missing
+# backend fails its tests unless ALLOW_MISSING_BACKENDS=1, which turns those failures into
+# visible skips. Run by a user who is not root, the tests that need root (test hosts, the Slurm
+# cluster when none runs, a tmpfs) skip, each naming what it needs. With CI=true nothing is
+# skipped: those tests fail, and ALLOW_MISSING_BACKENDS is ignored.
 # VENV, absolute or relative to the current folder, names another environment to use or make.
 set -euo pipefail
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
 # absolute from here on: the tests start programs by name from $VENV/bin (PATH, below)
@@ -44,23 +48,39 @@ if [ "$(id -u)" = 0 ]; then
     if [ "$status" != 0 ]; then echo "tools/test.sh: apt-get install ${missing[*]} failed" >&2; exit 1; fi
   fi
 else
-  echo "tools/test.sh: not root, so no test hosts (network namespaces): tests/test_multihost.py needs root" >&2
+  echo "tools/test.sh: not root, so no test hosts (network namespaces): tests/test_multihost.py skips" >&2
 fi
 
+# the local Slurm cluster, unless the arguments name test files none of which is in the "cluster"
+# group (conftest.CLUSTER): .ci/run's second pass, say, need not start and stop it
+cluster=1
+paths=()
+for arg in "$@"; do case $arg in tests/*) paths+=("${arg%%::*}") ;; esac; done
+if [ "${#paths[@]}" -gt 0 ] && ! grep -rqs CLUSTER "${paths[@]}"; then cluster=0; fi
 started_slurm=0
-if [ "$(id -u)" = 0 ] && [ -f tools/slurm-local.sh ]; then
+if [ "$cluster" = 0 ]; then
+  :
+elif [ "$(id -u)" = 0 ] && [ -f tools/slurm-local.sh ]; then
   # stopped at the end only if started here; `up` on a running cluster is a no-op, unless it runs
   # a configuration older than the tests expect
   bash tools/slurm-local.sh status >/dev/null 2>&1 || started_slurm=1
   bash tools/slurm-local.sh up
-else
-  echo "tools/test.sh: not root, so no local Slurm cluster: the Slurm tests need one (sinfo)" >&2
+elif [ "$(id -u)" != 0 ]; then
+  echo "tools/test.sh: not root, so no local Slurm cluster is started: the Slurm tests run only if one runs" >&2
 fi
 stop_slurm() { if [ "$started_slurm" = 1 ]; then bash tools/slurm-local.sh down; fi; }
 trap stop_slurm EXIT
 
 export PATH="$VENV/bin:$PATH"
-# all of tests/, unless the arguments name test files or folders themselves
+# all of tests/, unless the arguments name test files or folders themselves; TEST_WORKERS processes
+# (most tests wait on process start-up and timeouts: 3 finish sooner than 2 on two cores), unless
+# the arguments say how many (-n) or turn xdist off (-p no:xdist)
 where=(tests)
-for arg in "$@"; do case $arg in tests/*) where=() ;; esac; done
-"$VENV/bin/python" -m pytest -q -rs --durations=15 "${where[@]}" "$@"
+workers=(-n "${TEST_WORKERS:-3}" --dist loadgroup)
+for arg in "$@"; do
+  case $arg in
+    tests/*) where=() ;;
+    -n | -n* | --numprocesses | --numprocesses=* | no:xdist) workers=() ;;
+  esac
+done
+"$VENV/bin/python" -m pytest -q -rs --durations=25 "${workers[@]}" "${where[@]}" "$@"
