@@ -92,13 +92,6 @@ def test_compressed_gradients_are_the_average_to_the_types_precision(tmp_path, l
         assert worst <= 1.0 and changed, (c, worst)
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_data, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("ref"))
-    run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, *EXACT, "--output-dir", out])
-    return out
-
-
 @pytest.mark.parametrize("launcher,name,extra", [
     ("torchrun", "distributed.py", ["--grad-compression", "bf16"]),
     ("horovodrun", "horovod_distributed.py", ["--fp16-allreduce"]),  # the older flag: --grad-compression fp16

@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conftest import PY, ROOT, SCRIPTS, TINY, error_lines, launch_cmd, metrics, run, script, torchrun
+from conftest import EXACT, PY, ROOT, SCRIPTS, TINY, error_lines, launch_cmd, metrics, run, script, torchrun
 
 sys.path.insert(0, ROOT)
 import distributed  # noqa: E402
@@ -34,12 +34,10 @@ def failure(cmd, timeout=120):
     return lines[0]
 
 
-@pytest.fixture(scope="module")
-def one_epoch(tiny_data, tmp_path_factory):
-    """distributed.py, one process, one epoch of the tiny set: a checkpoint of epoch 1 to craft others from."""
-    out = tmp_path_factory.mktemp("one-epoch")
-    run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, "--output-dir", str(out)])
-    return str(out / "checkpoint.pth.tar")
+@pytest.fixture
+def one_epoch(reference):
+    """The shared one-process run's checkpoint (epoch 1, TINY + EXACT): the real file the others are made from."""
+    return os.path.join(reference, "checkpoint.pth.tar")
 
 
 # ---- a resumed epoch with nothing left to train ----
@@ -52,7 +50,7 @@ def test_resume_with_a_larger_batch_after_the_last_full_step_finishes_the_epoch(
     out.mkdir()
     shutil.copy(one_epoch, out / "checkpoint.pth.tar")
     rewrite_checkpoint(out / "checkpoint.pth.tar", epoch=0, samples=36)
-    args = ["--data", tiny_data, *TINY[:-4], "--epochs", "2", "-p", "1", "-b", "24", "--output-dir", str(out),
+    args = ["--data", tiny_data, *TINY[:-4], *EXACT, "--epochs", "2", "-p", "1", "-b", "24", "--output-dir", str(out),
             "--auto-resume"]
     p = run(torchrun(2) + [script("distributed.py"), *args])
     assert "start epoch 0 at sample 36" in p.stdout
@@ -70,14 +68,14 @@ def test_mid_epoch_resume_with_another_seed_or_other_data_is_refused(tiny_data, 
     ckpt = tmp_path / "stopped.pth.tar"
     shutil.copy(one_epoch, ckpt)
     rewrite_checkpoint(ckpt, epoch=0, samples=24)
-    line = failure(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, "--seed", "5", "--resume",
-                                                                str(ckpt), "--output-dir", str(tmp_path / "o")])
-    assert f"checkpoint {ckpt} stopped mid-epoch in the order of --seed 0 over 48 training images: resume it with " \
+    line = failure(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, *EXACT, "--seed", "5",
+                                                                "--resume", str(ckpt), "--output-dir", str(tmp_path / "o")])
+    assert f"checkpoint {ckpt} stopped mid-epoch in the order of --seed 3 over 48 training images: resume it with " \
         "those, not --seed 5 over 48" in line
     # in-process for the rest (a process each would be slow): another data set, and what still resumes
     model, args = distributed.create_model(parse(tiny_data), 7), parse(tiny_data)
     optimizer, scaler = distributed.build_optimizer(model, args, torch.device("cpu")), torch.amp.GradScaler("cpu")
-    with pytest.raises(distributed.UserError, match="over 48 training images: resume it with those, not --seed 0 "
+    with pytest.raises(distributed.UserError, match="over 48 training images: resume it with those, not --seed 3 "
                                                     "over 50$"):
         distributed.load_checkpoint(str(ckpt), model, optimizer, scaler, args, 7, 50)
     assert distributed.load_checkpoint(str(ckpt), model, optimizer, scaler, args, 7, 48)[2] == 24
@@ -91,7 +89,7 @@ def test_mid_epoch_resume_with_another_seed_or_other_data_is_refused(tiny_data, 
 
 
 def parse(data, *extra):
-    args = distributed.build_parser().parse_args(["--data", data, *TINY, *extra])
+    args = distributed.build_parser().parse_args(["--data", data, *TINY, *EXACT, *extra])
     distributed.resolve_defaults(args, 1)
     return args
 

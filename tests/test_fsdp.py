@@ -34,21 +34,17 @@ def momentum(out_dir):
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_data, tmp_path_factory):
-    """One distributed.py process, the whole global batch of 12 each step: a DDP-format checkpoint."""
-    out = str(tmp_path_factory.mktemp("ref"))
-    run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, *EXACT, "--output-dir", out])
-    return out
-
-
-@pytest.fixture(scope="module")
 def fsdp_runs(tiny_data, tmp_path_factory):
-    """FSDP runs of one epoch, made once: by process count."""
+    """FSDP runs of one epoch, made once: by process count. 2 processes accumulate 2 micro-batches a step
+    (FSDP's set_requires_gradient_sync): the same parameters as one process's whole batches."""
     def make(nproc):
         out = str(tmp_path_factory.mktemp(f"fsdp{nproc}"))
-        run(fsdp(nproc, "--data", tiny_data, *TINY, *EXACT, "--output-dir", out))
+        run(fsdp(nproc, "--data", tiny_data, *TINY, *EXACT, *ACCUMULATE[nproc], "--output-dir", out))
         return out
     return {n: make(n) for n in (2, 3)}
+
+
+ACCUMULATE = {2: ["--accum-steps", "2"], 3: []}
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
@@ -65,10 +61,11 @@ def test_sharded_training_gives_the_single_process_parameters_and_momentum(refer
 def test_checkpoints_resume_exactly_and_move_between_fsdp_and_ddp(reference, fsdp_runs, tiny_data, tmp_path):
     two_epochs = [*TINY[:-4], "--epochs", "2", "-p", "100"]
     assert TINY[-4:-2] == ["--epochs", "1"]
-    run(fsdp(2, "--data", tiny_data, *two_epochs, *EXACT, "--output-dir", str(tmp_path / "straight")))
+    run(fsdp(2, "--data", tiny_data, *two_epochs, *EXACT, *ACCUMULATE[2], "--output-dir", str(tmp_path / "straight")))
     first = os.path.join(fsdp_runs[2], "checkpoint.pth.tar")  # epoch 0 at 2 processes
     # stopped after epoch 0 and resumed: bit for bit the run that never stopped
-    run(fsdp(2, "--data", tiny_data, *two_epochs, *EXACT, "--resume", first, "--output-dir", str(tmp_path / "again")))
+    run(fsdp(2, "--data", tiny_data, *two_epochs, *EXACT, *ACCUMULATE[2], "--resume", first,
+             "--output-dir", str(tmp_path / "again")))
     assert max_param_diff(params(str(tmp_path / "straight")), params(str(tmp_path / "again"))) == 0.0
     assert max_param_diff(momentum(str(tmp_path / "straight")), momentum(str(tmp_path / "again"))) == 0.0
     # FSDP's checkpoint goes on in distributed.py (DDP), and a DDP checkpoint goes on in fsdp_distributed.py

@@ -48,8 +48,8 @@ def horovodrun(nproc, args, out):
 def exact_horovod_training(nproc, tiny_data, tmp_path_factory):
     """horovodrun -np N with the reference's arguments (fp16 allreduce off), run once per session
     for the tests that read the same run, whichever worker they run on."""
-    def make(out):
-        horovodrun(nproc, ["--data", tiny_data, *TINY, *EXACT], out)
+    def make(out):  # 2 processes accumulate 2 micro-batches a step (backward_passes_per_step)
+        horovodrun(nproc, ["--data", tiny_data, *TINY, *EXACT, *(["--accum-steps", "2"] if nproc == 2 else [])], out)
         return out
     return once(f"horovod_exact_{nproc}", make)
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import BIN, PY, ROOT, env, error_lines, run
+from conftest import BIN, CLUSTER, PY, ROOT, env, error_lines, needs_root, run
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import scaling_model  # noqa: E402
@@ -25,7 +25,6 @@ PREFIX, NET = "nbt", "10.213.10"
 SLOW = "20mbit"
 SMALL = dict(ARCH="squeezenet1_1", IMAGE_SIZE="32", ALLREDUCE_MAX="1M", HOSTS_PREFIX=PREFIX, HOSTS_NET=NET,
              PYTHON=PY, TORCHRUN=os.path.join(BIN, "torchrun"))
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the test hosts are network namespaces: needs root")
 
 
 def network_bench(out, links, rows, steps=4, batch=8):
@@ -42,7 +41,12 @@ def our_hosts():
 
 
 @pytest.fixture
-def other_hosts():
+def root():
+    needs_root("the test hosts are network namespaces")
+
+
+@pytest.fixture
+def other_hosts():  # (only with root: needs_root comes first in the test's fixtures)
     """Another set of test hosts, as tests/test_multihost.py makes: the benchmark's must leave it alone."""
     e = env(HOSTS_PREFIX="nbc", HOSTS_NET="10.213.11")
     run(["bash", HOSTS_SH, "up", "1"], env=e, timeout=60)
@@ -50,8 +54,8 @@ def other_hosts():
     run(["bash", HOSTS_SH, "down"], env=e, timeout=60)
 
 
-@needs_root
-def test_a_slow_link_lowers_images_per_s_compression_raises_them_and_the_model_predicts_it(tmp_path, other_hosts):
+@CLUSTER  # test hosts, as tests/test_multihost.py makes: one file of them at a time
+def test_slow_link_lowers_images_per_s_compression_raises_them_and_the_model_predicts_it(root, tmp_path, other_hosts):
     had = [h for h in our_hosts() if h.startswith(PREFIX)]
     compressed, unknown = "distributed+bf16", "distributed+--no-such-option=1"
     table, md = network_bench(tmp_path, f"{SLOW},unshaped", f"distributed,{compressed},{unknown}")

@@ -14,13 +14,15 @@ from conftest import EXACT, PARAM_TOL, PY, TINY, launch_cmd, max_param_diff, met
 
 
 @pytest.mark.parametrize("kind,nproc,name,extra", [
-    ("torchrun", 2, "distributed.py", []),
+    # 2 processes accumulating 2 micro-batches a step (DDP's no_sync) train what one process trains on whole batches
+    ("torchrun", 2, "distributed.py", ["--accum-steps", "2"]),
     ("torchrun", 3, "distributed.py", []),
     ("launch", 2, "distributed.py", []),
-    ("spawn", 2, "multiprocessing_distributed.py", ["--threads", "1"]),
+    ("spawn", 2, "multiprocessing_distributed.py", ["--threads", "1", "--accum-steps", "2"]),
     # --fp64 turns mixed precision off; channels_last off too, as one process has it off
     ("torchrun", 2, "apex_distributed.py", ["--no-channels-last"]),
     ("python", 1, "dataparallel.py", []),
+    ("python", 1, "dataparallel.py", ["--accum-steps", "2"]),
 ])
 def test_training_gives_the_single_process_parameters(reference, tiny_data, tmp_path, kind, nproc, name, extra):
     run(launch_cmd(kind, nproc, name) + ["--data", tiny_data, *TINY, *EXACT, *extra, "--output-dir", str(tmp_path)])

@@ -155,7 +155,9 @@ class Jobs:
             "sbatch3": (slurm_run, 0, ["sbatch", "--wait", "-n3", f"--output={self.tmp / 'sbatch3.out'}", SBATCH_CPU,
                                        self.data, o["sbatch3"], *TINY, *EXACT, *DIST,
                                        "--dist-file", str(self.dist_dir / "rdv")]),
-            "n2": (slurm_run, 0, srun("-N1", "-n2") + [*d, *EXACT, *DIST, "--output-dir", o["n2"]]),
+            # 2 tasks accumulating 2 micro-batches a step (DDP's no_sync): one process's parameters all the same
+            "n2": (slurm_run, 0, srun("-N1", "-n2") + [*d, *EXACT, *DIST, "--accum-steps", "2",
+                                                        "--output-dir", o["n2"]]),
             "spawn": (slurm_run, 0, srun("-N1", "-n1", "-c2") + [*d, *EXACT, *DIST, "--spawn", "--nprocs", "2",
                                                                  "--output-dir", o["spawn"]]),
             "ref_eval": (local_run, 0, [PY, script("distributed.py"), *d, *EVAL, "--output-dir", o["ref_eval"]]),
