@@ -79,7 +79,8 @@ HOSTS_LOCK = "/tmp/test-hosts.lock"
 # end (node id prefixes, relative to tests/). The "cluster" group goes first anyway: it is the
 # largest unit of work.
 SLOW_FIRST = ["test_compile.py", "test_fsdp.py", "test_scripts.py::test_demo_training",
-              "test_benchmark.py::test_start_sh_times", "test_reliability.py", "test_horovod.py", "test_batch_scaling.py"]
+              "test_benchmark.py::test_start_sh_times", "test_reliability.py", "test_horovod.py",
+              "test_batch_scaling.py"]
 ROOT_SKIP = "needs root: "
 
 
