@@ -459,7 +459,7 @@ def load_checkpoint(path, model, optimizer, scaler, args, num_classes, images):
     weights = ckpt.get("model", ckpt.get("state_dict")) if isinstance(ckpt, dict) else None
     if not isinstance(weights, dict) or "epoch" not in ckpt:
         raise UserError(f"checkpoint {path} has no model weights and epoch: not a training checkpoint")
-    weights = {".".join(n for n in k.split(".") if n != "module"): v for k, v in weights.items()}
+    nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")  # keeps the versions MNASNet reads
     classes = ckpt.get("num_classes") or next((v.shape[0] for k, v in reversed(weights.items())  # the classifier's
                                                if k.endswith("weight") and v.dim() >= 2), None)
     if ckpt.get("arch") != args.arch or classes != num_classes:

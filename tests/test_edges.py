@@ -94,6 +94,19 @@ def parse(data, *extra):
     return args
 
 
+def test_a_checkpoint_with_wrapped_names_keeps_the_module_versions_a_model_checks(tiny_data, tmp_path):
+    """MNASNet reads its layers' versions (the state dict's _metadata) when loading: the names DataParallel and DDP
+    prefix with "module." are stripped in place, keeping them, so its checkpoints resume in any script."""
+    args = distributed.build_parser().parse_args(["--data", tiny_data, *TINY, "-a", "mnasnet0_5"])  # BatchNorm
+    distributed.resolve_defaults(args, 1)
+    model = distributed.create_model(args, 7)
+    optimizer, scaler = distributed.build_optimizer(model, args, torch.device("cpu")), torch.amp.GradScaler("cpu")
+    path = str(tmp_path / "mnasnet.pth.tar")
+    torch.save(dict(epoch=1, arch="mnasnet0_5", model=torch.nn.DataParallel(model).state_dict(),
+                    optimizer=optimizer.state_dict()), path)
+    assert distributed.load_checkpoint(path, distributed.create_model(args, 7), optimizer, scaler, args, 7, 48)[0] == 1
+
+
 # ---- a global batch the processes (and micro-batches) cannot split ----
 
 def test_a_batch_that_does_not_split_evenly_is_refused_naming_the_nearest_that_do(tiny_data, tmp_path):
