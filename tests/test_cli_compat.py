@@ -108,8 +108,8 @@ def test_positional_data_and_start_epoch_and_first_line_settings(examples_style_
     assert [r["epoch"] for r in rows] == [1] and rows[0]["val_images"] == 101
     first = stdout.splitlines()[0]
     assert first.startswith("distributed.py: amp: "), first
-    assert ("batch 12 per process, 2 epochs, lr 0.0046875 (/10 every 30 epochs), weight decay 0.0001, "
-            "0 loader workers per process (demo settings)") in first, first
+    assert ("batch 12 per process, gradients sent in fp32, 2 epochs, lr 0.0046875 (warmup 0 epochs, /10 every 30), "
+            "weight decay 0.0001, 0 loader workers per process (demo settings)") in first, first
 
 
 # ---- checkpoints resume under any --amp, and pytorch/examples' checkpoints load ----
@@ -137,7 +137,7 @@ def test_fp16_checkpoint_loads_into_runs_without_grad_scaler(ddp, examples_style
     args = parse(ddp, "--data", tiny_data)
     for enabled in (False, True):
         scaler = torch.amp.GradScaler("cpu", enabled=enabled)
-        assert ddp.load_checkpoint(str(tmp_path / "fp16.pth.tar"), model, optimizer, scaler, args, 7)[0] == 2
+        assert ddp.load_checkpoint(str(tmp_path / "fp16.pth.tar"), model, optimizer, scaler, args, 7, 48)[0] == 2
         if enabled:
             assert scaler.get_scale() == 1024.0
 

@@ -76,7 +76,7 @@ def global_steps(n, world_size, batch, start, steps=None, epoch=0):
     """The samples of each step of an epoch, over all processes, as the scripts' loaders give them."""
     import argparse
     import distributed
-    args = argparse.Namespace(batch_size=batch, seed=0, workers=0, loader_start_method=None)
+    args = argparse.Namespace(batch_size=batch, seed=0, workers=0, loader_start_method=None, accum_steps=1)
     shards = []
     for rank in range(world_size):
         loader, sampler, _ = distributed.build_loaders(Indices(n), Indices(1), args, rank, world_size,

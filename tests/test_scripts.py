@@ -105,7 +105,7 @@ def test_missing_resume_checkpoint(tiny_data, tmp_path):
 
 def test_batch_smaller_than_world_size_is_reported_once(tiny_data, tmp_path):
     p = fails_with(launch_cmd("torchrun", 2, "distributed.py") + ["--data", tiny_data, "-b", "1"],
-                   "--batch-size 1 is smaller than the world size 2")
+                   "-b 1 does not split into 2 process(es) x 1 micro-batch(es) of equal size: use -b 2")
     assert len(error_lines(p.stderr)) == 1
 
 

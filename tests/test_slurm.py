@@ -323,7 +323,7 @@ def test_spawn_with_two_tasks_on_a_node_fails_with_one_line(jobs):
 
 def test_batch_smaller_than_the_task_count_fails_with_one_line(jobs):
     line = one_error_line(jobs.get("bad_batch"))
-    assert "--batch-size 1 is smaller than the world size 2" in line
+    assert "-b 1 does not split into 2 process(es) x 1 micro-batch(es) of equal size: use -b 2" in line
 
 
 def test_batch_script_that_forgets_srun_fails_with_one_line(jobs):

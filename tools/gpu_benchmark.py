@@ -75,8 +75,8 @@ class DeviceBatches:
         g = torch.Generator().manual_seed(seed)
         self.steps, self.batch_size = steps, batch
         # what train() reads of a loader's sampler: samples of the epoch already trained (start; skip
-        # before the shared loop's rewrite), none here
-        self.sampler = types.SimpleNamespace(start=0, skip=0)
+        # before the shared loop's rewrite), none here, and the epoch's samples (n, for the warmup)
+        self.sampler = types.SimpleNamespace(start=0, skip=0, n=steps * batch)
         self.images = torch.randn(batch, 3, image_size, image_size, generator=g).to(device)
         self.target = torch.randint(0, num_classes, (batch,), generator=g).to(device)
 
