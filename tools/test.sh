@@ -83,4 +83,4 @@ for arg in "$@"; do
     -n | -n* | --numprocesses | --numprocesses=* | no:xdist) workers=() ;;
   esac
 done
-"$VENV/bin/python" -m pytest -q -rs --durations=25 "${workers[@]}" "${where[@]}" "$@"
+"$VENV/bin/python" -m pytest -q -rs --durations=25 -o tmp_path_retention_policy=failed "${workers[@]}" "${where[@]}" "$@"
