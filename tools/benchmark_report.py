@@ -75,7 +75,7 @@ COLUMNS += ["loader_images_per_core_s", "loader_cores_needed"]
 
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ABS_PATH = re.compile(r"(?<![\w./:-])/(?:\\.|[^\s'\"`\\])+")  # an absolute path; backslash escapes (printf %q) kept
+ABS_PATH = re.compile(r"(?<![\w./:)-])/(?:\\.|[^\s'\"`\\])+")  # an absolute path; backslash escapes (printf %q) kept
 
 
 def as_typed(text, root=CHECKOUT):
