@@ -3,9 +3,9 @@
 Every run uses tiny images and a few steps, so the processes, launchers, collectives and
 checkpoints are real while the suite stays fast.
 
-The suite runs in parallel: tools/test.sh starts pytest with pytest-xdist (-n 3, TEST_WORKERS to
+The suite runs in parallel: tools/test.sh starts pytest with pytest-xdist (-n 4, TEST_WORKERS to
 change; a bare `pytest -n N` works the same, and -p no:xdist runs one test after another). Most
-tests wait on process start-up, rendezvous and timeouts, so three workers on two cores finish
+tests wait on process start-up, rendezvous and timeouts, so four workers on two cores finish
 sooner than one. The tests are handed out by group (see "collection, scheduling" below): an
 xdist_group mark puts tests on one worker, one after another. What a new test uses so that it
 stays correct, and fast, in parallel:

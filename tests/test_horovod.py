@@ -101,7 +101,7 @@ def test_metrics_are_summed_over_processes_exactly_once(reference, tiny_data, tm
     assert m["train_images_per_s"] * m["epoch_time_s"] > timed_images / 2
 
 
-@pytest.mark.parametrize("nproc", [1, 2, 3])
+@pytest.mark.parametrize("nproc", [1, 3])  # (2: the training runs above validate at 2)
 def test_evaluation_counts_every_image_once_and_matches_one_process(reference_evaluation, tiny_data, tmp_path,
                                                                     nproc):
     horovodrun(nproc, ["--data", tiny_data, *TINY, *EVAL], tmp_path)

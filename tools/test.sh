@@ -6,7 +6,7 @@
 # (tools/slurm-local.sh; stopped again afterwards if this script started it), installs
 # openssh-server and iproute2 when root and missing (tests/test_multihost.py makes test hosts
 # and starts an sshd in each), then runs pytest, in parallel (pytest-xdist: TEST_WORKERS
-# processes, default 3; -n N among the arguments wins). Every backend's tests run: a missing
+# processes, default 4; -n N among the arguments wins). Every backend's tests run: a missing
 # backend fails its tests unless ALLOW_MISSING_BACKENDS=1, which turns those failures into
 # visible skips. Run by a user who is not root, the tests that need root (test hosts, the Slurm
 # cluster when none runs, a tmpfs) skip, each naming what it needs. With CI=true nothing is
@@ -73,10 +73,10 @@ trap stop_slurm EXIT
 
 export PATH="$VENV/bin:$PATH"
 # all of tests/, unless the arguments name test files or folders themselves; TEST_WORKERS processes
-# (most tests wait on process start-up and timeouts: 3 finish sooner than 2 on two cores), unless
+# (most tests wait on process start-up and timeouts: 4 keep two cores busier than 3), unless
 # the arguments say how many (-n) or turn xdist off (-p no:xdist)
 where=(tests)
-workers=(-n "${TEST_WORKERS:-3}" --dist loadgroup)
+workers=(-n "${TEST_WORKERS:-4}" --dist loadgroup)
 for arg in "$@"; do
   case $arg in
     tests/*) where=() ;;
