@@ -12,6 +12,7 @@ project: `diff distributed.py <script>.py` shows exactly what another backend ch
 import argparse
 import contextlib
 import datetime
+import gc
 import hashlib
 import io
 import json
@@ -164,8 +165,7 @@ def init_distributed(args, local_rank, rank, world_size):
 
 
 def distribute(model, optimizer, args, device):
-    """Shards the model in place, in groups FSDP gathers whole (the largest sets the peak): a module holding over 1/10
-    of the parameters is split, each child a group or split in turn; the optimizer is built anew on the shards."""
+    """Shards the model in place, in groups FSDP gathers whole (at most 1/10 of it where it can); a new optimizer."""
     inner, mesh = getattr(model, "_orig_mod", model), dist.init_device_mesh(device.type, (dist.get_world_size(),))
     names, total, sizes = [n for n, _ in inner.named_parameters()], sum(p.numel() for p in inner.parameters()), []
     inner.to(memory_format=torch.contiguous_format)  # FSDP shards no channels_last parameters (inputs may be)
@@ -230,17 +230,17 @@ def all_reduce_sum(tensor):
 
 
 def prefetch(loader, device):
-    """FSDP's forward is collective: where validation's shares differ by a batch, the shorter forward an empty one."""
     first = next(loader, None)  # for the image shape of the empty batches (a process may have none at all)
     size = torch.tensor([len(loader), *(first[0].shape[1:] if first else (0, 0, 0))], device=device)
     dist.all_reduce(size, dist.ReduceOp.MAX)
     yield from [first] if first else []
     yield from loader  # (empty when first was None)
-    for _ in range(int(size[0]) - len(loader)):  # 0 images add nothing to validate()'s sums
+    for _ in range(int(size[0]) - len(loader)):  # FSDP's forward is collective: a share a batch short forwards empty
         yield torch.zeros(0, *size[1:].tolist()), torch.zeros(0, dtype=torch.long)
 
 
 def shutdown():
+    gc.collect()  # FSDP's cyclic modules and shards freed while Python is whole: at exit, gloo's threads abort on them
     dist.destroy_process_group()
 # ---- end backend ----
 
