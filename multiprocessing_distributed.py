@@ -239,7 +239,6 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         report_once(rank)
         raise UserError(f"the {len(train_set)} training images make no full batch of {args.batch_size}: "
                         "lower --batch-size")
-
     torch.manual_seed(args.seed)  # the same initial weights in every process, as one process would have
     model = create_model(args, num_classes)
     if args.sync_bn:
@@ -280,7 +279,6 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
             save_checkpoint(dict(epoch=epoch, samples=samples, seed=args.seed, images=len(train_set), arch=args.arch,
                                  num_classes=num_classes, model=model_state, optimizer=optimizer_state,
                                  scaler=scaler.state_dict(), best_acc1=best_acc1), is_best, args.output_dir)
-
     if args.evaluate:
         val = validate(val_loader, eval_model, args, device, rank)
         log_metrics(args, rank, dict(script=SCRIPT, world_size=world_size, epoch=start_epoch, **val))
@@ -422,16 +420,19 @@ def average_buffers(model, world_size):
 def save_checkpoint(state, is_best, output_dir):
     """Atomic: serialized in memory (torch.save into a file turns a full disk into an opaque error), written to a
     temporary file, synced, renamed over the old file. A crash or failed write leaves the old file whole."""
-    data = io.BytesIO()
+    data, written = io.BytesIO(), None
     torch.save(state, data)
     for name in ("checkpoint.pth.tar", "model_best.pth.tar") if is_best else ("checkpoint.pth.tar",):
         path = os.path.join(output_dir, name)
         tmp = f"{path}.tmp-{socket.gethostname()}"  # a killed writer's is replaced by the next save on its host
         try:
-            with open(tmp, "wb") as f:
-                f.write(data.getbuffer())
-                f.flush()
-                os.fsync(f.fileno())
+            try:  # model_best: a hard link to the checkpoint just written, the same bytes without writing them again
+                os.link(written, tmp)
+            except (TypeError, OSError):  # the first file (written is None), no hard links here, a killed writer's tmp
+                with open(tmp, "wb") as f:
+                    f.write(data.getbuffer())
+                    f.flush()
+                    os.fsync(f.fileno())
             os.replace(tmp, path)
             folder = os.open(output_dir, os.O_RDONLY)  # the rename survives a power cut once the folder is synced
             os.fsync(folder)
@@ -441,6 +442,7 @@ def save_checkpoint(state, is_best, output_dir):
                 os.remove(tmp)
             kept = "the previous one is kept" if os.path.exists(path) else "there is none"
             raise UserError(f"cannot write {path}: {e.strerror or e} ({kept})") from None
+        written = path
 
 
 def load_checkpoint(path, model, optimizer, scaler, args, num_classes, images):

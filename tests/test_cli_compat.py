@@ -286,6 +286,26 @@ def test_output_folder_that_cannot_be_made_is_one_line_before_training(tiny_data
     assert "Epoch" not in p.stdout
 
 
+def test_model_best_is_a_hard_link_to_its_epochs_checkpoint_or_a_copy_where_links_fail(ddp, tmp_path, monkeypatch):
+    """The best epoch's bytes are written once: model_best.pth.tar is a second name for them, which the next
+    checkpoint, a new file renamed over the old name, leaves alone. Where the file system has no hard links
+    (os.link fails), model_best is written out in full."""
+    ckpt, best = tmp_path / "checkpoint.pth.tar", tmp_path / "model_best.pth.tar"
+    ddp.save_checkpoint({"epoch": 1, "x": torch.ones(1000)}, True, str(tmp_path))
+    assert os.stat(ckpt).st_ino == os.stat(best).st_ino and os.stat(best).st_nlink == 2
+    ddp.save_checkpoint({"epoch": 2, "x": torch.zeros(1000)}, False, str(tmp_path))
+    assert torch.load(best, weights_only=True)["epoch"] == 1 and torch.load(ckpt, weights_only=True)["epoch"] == 2
+    assert os.stat(best).st_nlink == 1 and sorted(os.listdir(tmp_path)) == [ckpt.name, best.name]
+
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+    monkeypatch.setattr(os, "link", no_links)
+    ddp.save_checkpoint({"epoch": 3, "x": torch.full((1000,), 3.0)}, True, str(tmp_path))
+    assert os.stat(ckpt).st_ino != os.stat(best).st_ino
+    assert torch.load(best, weights_only=True)["epoch"] == torch.load(ckpt, weights_only=True)["epoch"] == 3
+    assert sorted(os.listdir(tmp_path)) == [ckpt.name, best.name]  # no temporary file
+
+
 def test_full_disk_while_saving_keeps_the_previous_checkpoint(ddp, tmp_path, monkeypatch):
     """mock: fsync of the new file fails with ENOSPC, as a full disk (or NFS quota) reports it."""
     ddp.save_checkpoint({"epoch": 1, "x": torch.ones(1000)}, True, str(tmp_path))
@@ -315,12 +335,12 @@ def tmpfs(path, size):
 
 
 def test_disk_filling_up_during_training_is_one_line_and_keeps_a_loadable_checkpoint(tiny_data, tmp_path):
-    """A real full disk: a 150 MB tmpfs holds one ResNet-18 checkpoint (~90 MB with momentum),
-    not a second file beside it (model_best.pth.tar, or the next epoch's temporary file)."""
+    """A real full disk: a 150 MB tmpfs holds one ResNet-18 checkpoint (~90 MB with momentum) and its
+    model_best.pth.tar (a hard link), not the next epoch's temporary file beside them."""
     with tmpfs(tmp_path / "small", "150m") as out:
         p = run([PY, script("distributed.py"), "--data", tiny_data, *TINY, "--epochs", "2",
                  "--output-dir", str(out)], check=False)
-        one_error_line(p, ".pth.tar: No space left on device")  # model_best's or the next checkpoint's
+        one_error_line(p, "checkpoint.pth.tar: No space left on device")  # the next checkpoint's
         assert [n for n in os.listdir(out) if ".tmp-" in n] == []
         assert torch.load(out / "checkpoint.pth.tar", weights_only=True)["epoch"] == 1
 
