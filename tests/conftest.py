@@ -358,7 +358,7 @@ def pytest_xdist_make_scheduler(config, log):
                 base = config._tmp_path_factory.getbasetemp()
                 self.groups = {}
                 for name in os.listdir(base):
-                    if name.startswith("xdist-groups-"):
+                    if name.startswith("xdist-groups-") and name.endswith(".json"):  # not one being written
                         with open(os.path.join(base, name)) as f:
                             self.groups.update(json.load(f))
             group = self.groups.get(nodeid)
@@ -383,7 +383,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=start)  # stable: file order otherwise
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which tells the controller collection is done
 def pytest_collection_finish(session):
     workerinput = getattr(session.config, "workerinput", None)
     if workerinput and "groups_file" in workerinput:
