@@ -58,30 +58,29 @@ def other_hosts():  # (only with root: needs_root comes first in the test's fixt
 def test_slow_link_lowers_images_per_s_compression_raises_them_and_the_model_predicts_it(root, tmp_path, other_hosts):
     had = [h for h in our_hosts() if h.startswith(PREFIX)]
     compressed, unknown = "distributed+bf16", "distributed+--no-such-option=1"
-    table, md = network_bench(tmp_path, f"{SLOW},unshaped", f"distributed,{compressed},{unknown}")
+    table, md = network_bench(tmp_path, SLOW, f"distributed,{compressed},{unknown}")
     # a row whose option the script lacks is listed as not run, and the rest runs
     assert table[(unknown, SLOW)]["status"] == "skipped", table[(unknown, SLOW)]
     assert "distributed.py has no --no-such-option" in table[(unknown, SLOW)]["note"]
-    slow, fast, one = table[("distributed", SLOW)], table[("distributed", "unshaped")], table[("distributed", "1 host")]
-    assert slow["status"] == fast["status"] == one["status"] == "ok", table
-    # each step all-reduces 2.9 MB, about 1.2 s at 20 Mbit/s, against a few ms unshaped: a large effect
-    assert float(slow["images_per_s"]) < 0.5 * float(fast["images_per_s"]), (slow, fast)
+    slow, one = table[("distributed", SLOW)], table[("distributed", "1 host")]
+    assert slow["status"] == one["status"] == "ok", table
+    # each step all-reduces 2.9 MB, about 1.2 s at 20 Mbit/s, against a step of ~0.1 s in one process: two hosts
+    # over the slow link train fewer images a second than one process alone, a large effect
+    assert float(slow["images_per_s"]) < float(one["images_per_s"]), (slow, one)
     # half the bytes on a link that takes nearly all the step: close to 2x, and well above 1.3x
     bf16 = table[(compressed, SLOW)]
     assert bf16["status"] == "ok" and float(bf16["images_per_s"]) > 1.3 * float(slow["images_per_s"]), (slow, bf16)
-    # the link as the all-reduce benchmark measured it: shaped to its rate, and nowhere near it unshaped
+    # the link as the all-reduce benchmark measured it: shaped to its rate
     bench = json.loads((tmp_path / "runs-network" / f"allreduce-{SLOW}.json").read_text())
     assert bench["world_size"] == 2 and sorted(set(bench["hosts"])) == [f"{PREFIX}0", f"{PREFIX}1"]
     gbit = bench["fit"]["busbw_Bps"] * 8 / 1e9
     assert 0.014 < gbit < 0.021, f"busbw at {SLOW}: {gbit:.4f} Gbit/s"
-    unshaped = json.loads((tmp_path / "runs-network" / "allreduce-unshaped.json").read_text())
-    assert unshaped["fit"]["busbw_Bps"] > 5 * bench["fit"]["busbw_Bps"]
     # where the link dominates, the model's prediction (profile + measured link) is close
     predicted = float(slow["predicted_images_per_s"])
     assert abs(predicted - float(slow["images_per_s"])) < 0.35 * float(slow["images_per_s"]), slow
     assert float(slow["exposed_s"]) > 0.5 and float(slow["efficiency"]) < 0.5, slow
     # the report: the command that made it, the link table, every row at every rate
-    assert "- command: `" in md and f"--link {SLOW},unshaped" in md
+    assert "- command: `" in md and f"--link {SLOW} " in md
     assert f"| {SLOW} |" in md and "| distributed | torchrun distributed.py |" in md
     assert os.path.isfile(tmp_path / "benchmark-network.png")
     # the hosts made for the run are gone; the other set is still there, unshaped

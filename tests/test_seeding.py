@@ -53,12 +53,12 @@ def test_processes_list_the_folders_themselves_or_read_the_index_made_beforehand
     from conftest import PY, ROOT, TINY, launch_cmd, run
     data = tmp_path / "data"  # a fresh copy: no index yet
     shutil.copytree(tiny_data, data, ignore=shutil.ignore_patterns(".image-lists"))
-    p = run(launch_cmd("torchrun", 3, "distributed.py") + ["--data", str(data), *TINY, "--evaluate",
+    p = run(launch_cmd("torchrun", 2, "distributed.py") + ["--data", str(data), *TINY, "--evaluate",
                                                            "--output-dir", str(tmp_path / "run1")])
     assert p.stdout.count("listed the images: 48 train, 101 val") == 1  # said once per node, by local rank 0
     assert not os.path.exists(data / ".image-lists")  # training writes nothing into the data folder
     run([PY, os.path.join(ROOT, "tools", "index_images.py"), str(data)])
     assert len(os.listdir(data / ".image-lists")) == 2  # train and val indexes, beside the data
-    p = run(launch_cmd("torchrun", 3, "distributed.py") + ["--data", str(data), *TINY, "--evaluate",
+    p = run(launch_cmd("torchrun", 2, "distributed.py") + ["--data", str(data), *TINY, "--evaluate",
                                                            "--output-dir", str(tmp_path / "run2")])
     assert p.stdout.count("listed the images") == 0 and f"read the image lists from {data}" in p.stdout
