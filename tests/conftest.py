@@ -58,14 +58,15 @@ BIN = os.path.dirname(PY)
 SCRIPTS = ["distributed.py", "dataparallel.py", "multiprocessing_distributed.py", "apex_distributed.py",
            "horovod_distributed.py", "distributed_slurm_main.py", "fsdp_distributed.py"]
 # 48 training images make 4 steps of a global batch of 12 for 1, 2 or 3 processes; 101
-# validation images divide neither the process counts nor the batch.
-TINY = ["--image-size", "32", "-j", "0", "-b", "12", "--epochs", "1", "-p", "100"]
+# validation images divide neither the process counts nor the batch. 16 px: a quarter of 32 px's
+# convolution work, and ResNet's last stages see 1x1 maps either way.
+TINY = ["--image-size", "16", "-j", "0", "-b", "12", "--epochs", "1", "-p", "100"]
 # Equivalence runs: GroupNorm (per-sample, so independent of how the batch is sharded), no
 # augmentation, and float64. W processes and one process compute the same sums in another
 # order; float32 rounds those orders apart by up to ~1e-5 after 4 steps, and by how much
 # depends on the CPU's kernels (AVX2 and AVX512 differ), so no float32 tolerance holds on
 # every machine. In float64 a reordered sum of n terms differs by at most n * 1.1e-16 of
-# its terms' magnitudes: with n <= 1e5 terms per reduction at 32 px, parameters of size ~1
+# its terms' magnitudes: with n <= 1e5 terms per reduction at 16 px, parameters of size ~1
 # and 4 steps that stay well below 1e-9 (measured: 2e-16), while a real mistake (gradients
 # summed instead of averaged, one shard dropped) moves parameters by ~lr * |grad| >= 1e-4.
 EXACT = ["--norm", "group", "--no-augment", "--seed", "3", "--fp64"]
