@@ -19,7 +19,7 @@ import torchvision
 
 from conftest import BIN, PY, ROOT, TINY, env, error_lines, metrics, needs_root, once, run, script
 
-SMALL = ["--image-size", "32", "-j", "0", "-b", "12", "-p", "100"]  # TINY without --epochs
+SMALL = ["--image-size", "16", "-j", "0", "-b", "12", "-p", "100"]  # TINY without --epochs
 
 
 def load(name, module_name=None):

@@ -67,15 +67,23 @@ def reference_evaluation(tiny_data):
     return once("horovod_reference_evaluation", make)
 
 
-def test_horovodrun_2_processes_trains_and_writes_metrics(tiny_data, tmp_path):
-    # the default path: BatchNorm, augmentation, and gradients sent as fp16
-    horovodrun(2, ["--data", tiny_data, *TINY, "--fp16-allreduce"], tmp_path)
-    (m,) = metrics(tmp_path)
+def default_horovod_run(tiny_data):
+    """horovodrun -np 2 on the default path: BatchNorm, augmentation, and gradients sent as fp16. Made once per
+    session: test_parallel_math.py's validation test evaluates its checkpoint."""
+    def make(out):
+        horovodrun(2, ["--data", tiny_data, *TINY, "--seed", "4", "--fp16-allreduce"], out)
+        return out
+    return once("horovod_default", make)
+
+
+def test_horovodrun_2_processes_trains_and_writes_metrics(tiny_data):
+    out = default_horovod_run(tiny_data)
+    (m,) = metrics(out)
     assert m["script"] == "horovod_distributed.py"
     assert m["world_size"] == 2
     assert m["val_images"] == VAL_IMAGES
     assert math.isfinite(m["train_loss"]) and math.isfinite(m["val_loss"])
-    assert os.path.isfile(tmp_path / "checkpoint.pth.tar")
+    assert os.path.isfile(os.path.join(out, "checkpoint.pth.tar"))
 
 
 @pytest.mark.parametrize("nproc", [2, 3])

@@ -50,7 +50,7 @@ DIST = ["--dist-timeout", "120"]
 # checkpoint of epoch 0. A lost peer must end the run within FAULT_TIMEOUT seconds (+ slack for
 # the launcher's exit on a loaded machine).
 FAULT_TIMEOUT = 20
-FAULT = ["--image-size", "32", "-j", "0", "-b", "6", "--epochs", "2", "-p", "1", "--lr-step", "1", *EXACT]
+FAULT = ["--image-size", "16", "-j", "0", "-b", "6", "--epochs", "2", "-p", "1", "--lr-step", "1", *EXACT]
 FAULT_AT = "Epoch [1][2/"
 SLACK = 25
 PORTS = itertools.count(29400)  # ports in node0's namespace, where only these tests listen

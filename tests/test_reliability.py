@@ -22,7 +22,7 @@ import torch
 from conftest import BIN, PY, ROOT, env, error_lines, free_port, max_param_diff, once, params, run, script, torchrun
 
 # 48 training images in a global batch of 4: 12 steps per epoch, a log line per step.
-RESUME = ["--image-size", "32", "-j", "0", "-b", "4", "--epochs", "2", "-p", "1", "--lr-step", "1",
+RESUME = ["--image-size", "16", "-j", "0", "-b", "4", "--epochs", "2", "-p", "1", "--lr-step", "1",
           "--deterministic", "--seed", "5"]
 KILL_AT = "Epoch [1][3/"  # mid-epoch 1, after the checkpoint of epoch 0
 FIGURES = {}  # measured by the tests, printed after them (pytest -s shows them)
@@ -232,7 +232,7 @@ def test_back_to_back_launches_on_one_port_all_succeed(tiny_data, tmp_path):
     port = free_port()
     for i in range(2):
         run([os.path.join(BIN, "torchrun"), "--nnodes=1", "--nproc_per_node=2", f"--master-port={port}",
-             script("distributed.py"), "--data", tiny_data, "--image-size", "32", "-j", "0", "-b", "12",
+             script("distributed.py"), "--data", tiny_data, "--image-size", "16", "-j", "0", "-b", "12",
              "--evaluate", "--output-dir", str(tmp_path)], timeout=120)
     with open(tmp_path / "metrics.jsonl") as f:
         assert len(f.readlines()) == 2
@@ -278,7 +278,12 @@ def test_checkpoint_killed_while_being_written_leaves_the_previous_one_loadable(
             p.stdin.flush()
             child = int(p.stdout.readline().split()[1])
             saved = [int(p.stdout.readline().split()[1])]  # wait for one complete save
-            time.sleep(rng.uniform(0, 0.4))
+            if kill % 2:  # at a random moment
+                time.sleep(rng.uniform(0, 0.4))
+            else:  # while a temporary file is being written (model_best's hard link leaves a short window)
+                deadline = time.monotonic() + 10
+                while not any(".tmp-" in n for n in os.listdir(out)) and time.monotonic() < deadline:
+                    time.sleep(0.0005)
             os.kill(child, signal.SIGKILL)
             for line in iter(p.stdout.readline, "reaped\n"):
                 saved.append(int(line.split()[1]))
