@@ -94,15 +94,15 @@ def test_plain_batchnorm_does_differ_so_the_check_is_not_vacuous(tiny_data, tmp_
 
 
 def test_same_seed_gives_identical_runs(tiny_data, tmp_path):
-    a = default_run(tiny_data)
-    run(launch_cmd("torchrun", 2, "distributed.py") + ["--data", tiny_data, *DEFAULT, "--output-dir", str(tmp_path)])
-    a, b = metrics(a)[-1], metrics(str(tmp_path))[-1]
+    first, again = default_run(tiny_data), str(tmp_path)
+    run(launch_cmd("torchrun", 2, "distributed.py") + ["--data", tiny_data, *DEFAULT, "--output-dir", again])
+    a, b = metrics(first)[-1], metrics(again)[-1]
     assert (a["train_loss"], a["val_loss"], a["val_acc1"]) == (b["train_loss"], b["val_loss"], b["val_acc1"])
-    assert max_param_diff(params(default_run(tiny_data)), params(str(tmp_path))) == 0.0
+    assert max_param_diff(params(first), params(again)) == 0.0
 
 
-@pytest.mark.parametrize("kind,name", [("torchrun", "distributed.py"), ("horovodrun", "horovod_distributed.py")])
-def test_validation_during_training_equals_evaluating_the_checkpoint_anywhere(tiny_data, tmp_path, kind, name):
+@pytest.mark.parametrize("kind", ["torchrun", "horovodrun"])  # distributed.py, horovod_distributed.py
+def test_validation_during_training_equals_evaluating_the_checkpoint_anywhere(tiny_data, tmp_path, kind):
     """With BatchNorm each process's running statistics drift apart; they are averaged before
     validation, so the epoch's Acc@1 is that of the saved model, evaluated by another world size (one
     process; the equivalence runs above validate at 2 and 3)."""
