@@ -5,6 +5,7 @@ processes' gradient magnitudes, for tests/test_batch_scaling.py to compare.
     torchrun --standalone --nproc_per_node=2 tests/compression_worker.py distributed.py OUT.pt none fp16 bf16
     horovodrun -np 2 -H localhost:2 python tests/compression_worker.py horovod_distributed.py OUT.pt none fp16
 """
+
 import importlib
 import os
 import sys
@@ -21,16 +22,23 @@ def main(name, out, compressions):
     script = importlib.import_module(name[:-3])
     parser = script.build_parser()
     script.add_backend_args(parser)
-    args = parser.parse_args(["--dummy", "--image-size", "32", "-b", "8", "--output-dir", tempfile.mkdtemp()])
+    args = parser.parse_args(
+        ["--dummy", "--image-size", "32", "-b", "8", "--output-dir", tempfile.mkdtemp()]
+    )
     if hasattr(script, "hvd"):
         script.hvd.init()
         local_rank, rank, world_size = script.hvd.local_rank(), script.hvd.rank(), script.hvd.size()
     else:
-        local_rank, rank, world_size = (int(os.environ[v]) for v in ("LOCAL_RANK", "RANK", "WORLD_SIZE"))
+        local_rank, rank, world_size = (
+            int(os.environ[v]) for v in ("LOCAL_RANK", "RANK", "WORLD_SIZE")
+        )
     script.check_args(args, world_size)
     device = script.init_distributed(args, local_rank, rank, world_size)
     torch.manual_seed(100 + rank)  # each process its own shard of the batch
-    images, target = torch.randn(4, 3, 32, 32, device=device), torch.randint(0, 10, (4,), device=device)
+    images, target = (
+        torch.randn(4, 3, 32, 32, device=device),
+        torch.randint(0, 10, (4,), device=device),
+    )
 
     def gradients(compression):
         torch.manual_seed(0)  # the same weights in every process
@@ -39,12 +47,18 @@ def main(name, out, compressions):
             F.cross_entropy(model(images), target).backward()
             return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         args.grad_compression = compression
-        model, optimizer = script.distribute(model, script.build_optimizer(model, args, device), args, device)
+        model, optimizer = script.distribute(
+            model, script.build_optimizer(model, args, device), args, device
+        )
         F.cross_entropy(model(images), target).backward()
         if hasattr(optimizer, "synchronize"):  # Horovod averages asynchronously until then
             optimizer.synchronize()
-        return {n.replace("module.", ""): (g.full_tensor() if hasattr(g, "full_tensor") else g).detach().clone()
-                for n, g in ((n, p.grad) for n, p in model.named_parameters())}
+        return {
+            n.replace("module.", ""): (g.full_tensor() if hasattr(g, "full_tensor") else g)
+            .detach()
+            .clone()
+            for n, g in ((n, p.grad) for n, p in model.named_parameters())
+        }
 
     magnitude = {n: script.all_reduce_sum(g.abs()) / world_size for n, g in gradients(None).items()}
     result = {"magnitude": magnitude, **{c: gradients(c) for c in compressions}}

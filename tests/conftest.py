@@ -36,6 +36,7 @@ stays correct, and fast, in parallel:
   them with ALLOW_MISSING_BACKENDS=1, which CI=true ignores: in CI every backend's tests run.
 - Slow tests: list them in SLOW_FIRST, so that they start first instead of ending the run alone.
 """
+
 import contextlib
 import errno
 import fcntl
@@ -55,8 +56,15 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
 BIN = os.path.dirname(PY)
-SCRIPTS = ["distributed.py", "dataparallel.py", "multiprocessing_distributed.py", "apex_distributed.py",
-           "horovod_distributed.py", "distributed_slurm_main.py", "fsdp_distributed.py"]
+SCRIPTS = [
+    "distributed.py",
+    "dataparallel.py",
+    "multiprocessing_distributed.py",
+    "apex_distributed.py",
+    "horovod_distributed.py",
+    "distributed_slurm_main.py",
+    "fsdp_distributed.py",
+]
 # 48 training images make 4 steps of a global batch of 12 for 1, 2 or 3 processes; 101
 # validation images divide neither the process counts nor the batch. 16 px: a quarter of 32 px's
 # convolution work, and ResNet's last stages see 1x1 maps either way.
@@ -79,9 +87,15 @@ HOSTS_LOCK = "/tmp/test-hosts.lock"
 # The tests that take longest, started first so that none of them is left to run alone at the
 # end (node id prefixes, relative to tests/). The "cluster" group goes first anyway: it is the
 # largest unit of work.
-SLOW_FIRST = ["test_compile.py", "test_fsdp.py", "test_scripts.py::test_demo_training",
-              "test_benchmark.py::test_start_sh_times", "test_reliability.py", "test_horovod.py",
-              "test_batch_scaling.py"]
+SLOW_FIRST = [
+    "test_compile.py",
+    "test_fsdp.py",
+    "test_scripts.py::test_demo_training",
+    "test_benchmark.py::test_start_sh_times",
+    "test_reliability.py",
+    "test_horovod.py",
+    "test_batch_scaling.py",
+]
 ROOT_SKIP = "needs root: "
 
 
@@ -98,8 +112,15 @@ def launch_cmd(kind, nproc, name):
     if kind == "torchrun":
         return torchrun(nproc) + [script(name)]
     if kind == "launch":  # the legacy launcher, which passes --local-rank=N
-        return [PY, "-m", "torch.distributed.launch", f"--nproc_per_node={nproc}", "--master_port", str(free_port()),
-                script(name)]
+        return [
+            PY,
+            "-m",
+            "torch.distributed.launch",
+            f"--nproc_per_node={nproc}",
+            "--master_port",
+            str(free_port()),
+            script(name),
+        ]
     if kind == "spawn":
         return [PY, script(name), "--nprocs", str(nproc)]
     if kind == "python":
@@ -144,11 +165,20 @@ def env(**extra):
 
 
 def run(cmd, timeout=300, check=True, **kw):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=kw.pop("cwd", ROOT),
-                       env=kw.pop("env", env()), **kw)
+    p = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=kw.pop("cwd", ROOT),
+        env=kw.pop("env", env()),
+        **kw,
+    )
     if check and p.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}\n--- stdout\n{p.stdout[-4000:]}"
-                             f"\n--- stderr\n{p.stderr[-4000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {p.returncode}\n--- stdout\n{p.stdout[-4000:]}"
+            f"\n--- stderr\n{p.stderr[-4000:]}"
+        )
     return p
 
 
@@ -163,7 +193,9 @@ def params(out_dir, name="checkpoint.pth.tar"):
 
 def max_param_diff(a, b):
     assert a.keys() == b.keys()
-    return max((a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].is_floating_point())
+    return max(
+        (a[k].double() - b[k].double()).abs().max().item() for k in a if a[k].is_floating_point()
+    )
 
 
 def error_lines(stderr):
@@ -171,6 +203,7 @@ def error_lines(stderr):
 
 
 # ---- root, CI and missing backends ----
+
 
 def in_ci():
     """CI=true (what CI services set): every test runs, and fails where it cannot."""
@@ -182,7 +215,9 @@ def needs_root(what):
     if os.geteuid() == 0:
         return
     if in_ci():
-        pytest.fail(f"{ROOT_SKIP}{what} (CI=true runs every test: run the suite as root)", pytrace=False)
+        pytest.fail(
+            f"{ROOT_SKIP}{what} (CI=true runs every test: run the suite as root)", pytrace=False
+        )
     pytest.skip(f"{ROOT_SKIP}{what}")
 
 
@@ -197,6 +232,7 @@ def missing_backend(problem, tests):
 
 
 # ---- machine-wide locks ----
+
 
 @contextlib.contextmanager
 def file_lock(path, exclusive=True, timeout=600, what=None):
@@ -218,7 +254,9 @@ def file_lock(path, exclusive=True, timeout=600, what=None):
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
             if deadline is not None and time.monotonic() > deadline:
-                raise AssertionError(f"{what or path}: {path} held by another test or session for {timeout} s")
+                raise AssertionError(
+                    f"{what or path}: {path} held by another test or session for {timeout} s"
+                )
             time.sleep(0.5)
         yield
     finally:
@@ -276,7 +314,10 @@ def once(name, make):
     if kind == "skip":
         pytest.skip(value)
     if kind == "fail":
-        pytest.fail(f"the shared run {name!r} failed in the first test that needed it:\n{value}", pytrace=False)
+        pytest.fail(
+            f"the shared run {name!r} failed in the first test that needed it:\n{value}",
+            pytrace=False,
+        )
     return value
 
 
@@ -284,9 +325,24 @@ def once(name, make):
 def tiny_data():
     def make(folder):
         out = os.path.join(folder, "tiny")
-        run([PY, os.path.join(ROOT, "tools", "make_demo_data.py"), "--out", out, "--classes", "7",
-             "--train-images", "48", "--val-images", "101", "--seed", "1"])
+        run(
+            [
+                PY,
+                os.path.join(ROOT, "tools", "make_demo_data.py"),
+                "--out",
+                out,
+                "--classes",
+                "7",
+                "--train-images",
+                "48",
+                "--val-images",
+                "101",
+                "--seed",
+                "1",
+            ]
+        )
         return out
+
     return once("tiny_data", make)
 
 
@@ -295,10 +351,17 @@ def reference_run(tiny_data):
     the model that every launcher and backend must end with. Its output folder, made once per
     session; read it, never write into it. (A function too, for tests that start it in a thread
     beside their own runs.)"""
-    def make(out):  # many tests fail with it: a busy machine must not make it time out (it takes ~10 s idle)
-        run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, *EXACT, "--output-dir", out],
-            timeout=900)
+
+    def make(
+        out,
+    ):  # many tests fail with it: a busy machine must not make it time out (it takes ~10 s idle)
+        run(
+            launch_cmd("python", 1, "distributed.py")
+            + ["--data", tiny_data, *TINY, *EXACT, "--output-dir", out],
+            timeout=900,
+        )
         return out
+
     return once("reference", make)
 
 
@@ -316,9 +379,14 @@ def reference(tiny_data):
 # LoadScopeScheduling, by group) reads it once all workers have collected, before it hands out
 # any test.
 
+
 def _group(item):
-    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                    for m in item.iter_markers("xdist_group")})
+    names = sorted(
+        {
+            str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+            for m in item.iter_markers("xdist_group")
+        }
+    )
     return "_".join(names) or None
 
 
@@ -327,7 +395,12 @@ def _module_fixture_of_its_file(item):
     teardown_module, which pytest also runs as module fixtures, are cheap: not those)."""
     module = item.nodeid.split("::")[0]
     for name, defs in item._fixtureinfo.name2fixturedefs.items():
-        if defs and defs[-1].scope == "module" and defs[-1].baseid == module and not name.startswith("_xunit_setup"):
+        if (
+            defs
+            and defs[-1].scope == "module"
+            and defs[-1].baseid == module
+            and not name.startswith("_xunit_setup")
+        ):
             return True
     return False
 
@@ -341,7 +414,9 @@ def pytest_configure(config):
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist, in the controller, for each worker it starts
 def pytest_configure_node(node):
     node.workerinput["groups_file"] = os.path.join(
-        str(node.config._tmp_path_factory.getbasetemp()), f"xdist-groups-{node.workerinput['workerid']}.json")
+        str(node.config._tmp_path_factory.getbasetemp()),
+        f"xdist-groups-{node.workerinput['workerid']}.json",
+    )
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist, in the controller: how tests are handed out
@@ -352,6 +427,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class GroupScheduling(LoadScopeScheduling):
         """A group's tests go to one worker, one after another; every other test is a unit of its own."""
+
         groups = None
 
         def _split_scope(self, nodeid):
@@ -359,7 +435,9 @@ def pytest_xdist_make_scheduler(config, log):
                 base = config._tmp_path_factory.getbasetemp()
                 self.groups = {}
                 for name in os.listdir(base):
-                    if name.startswith("xdist-groups-") and name.endswith(".json"):  # not one being written
+                    if name.startswith("xdist-groups-") and name.endswith(
+                        ".json"
+                    ):  # not one being written
                         with open(os.path.join(base, name)) as f:
                             self.groups.update(json.load(f))
             group = self.groups.get(nodeid)
@@ -376,15 +454,18 @@ def pytest_collection_modifyitems(config, items):
 
     def start(item):
         """The cluster group first (its files run one after another: the longest chain), then SLOW_FIRST."""
-        nodeid = item.nodeid[len("tests/"):] if item.nodeid.startswith("tests/") else item.nodeid
+        nodeid = item.nodeid[len("tests/") :] if item.nodeid.startswith("tests/") else item.nodeid
         if _group(item) == "cluster":
             return 0, 0
         slow = [i for i, prefix in enumerate(SLOW_FIRST) if nodeid.startswith(prefix)]
         return (1, slow[0]) if slow else (2, 0)
+
     items.sort(key=start)  # stable: file order otherwise
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which tells the controller collection is done
+@pytest.hookimpl(
+    tryfirst=True
+)  # before pytest-xdist's own, which tells the controller collection is done
 def pytest_collection_finish(session):
     workerinput = getattr(session.config, "workerinput", None)
     if workerinput and "groups_file" in workerinput:
@@ -400,8 +481,11 @@ def _skip_reason(report):
 
 
 def pytest_terminal_summary(terminalreporter):
-    needing_root = [r for r in terminalreporter.stats.get("skipped", []) if ROOT_SKIP in _skip_reason(r)]
+    needing_root = [
+        r for r in terminalreporter.stats.get("skipped", []) if ROOT_SKIP in _skip_reason(r)
+    ]
     if needing_root:
         terminalreporter.write_line(
             f"{len(needing_root)} test(s) skipped because they need root (reasons above, with -rs): as root, "
-            "`bash tools/test.sh` runs them too (CI=true makes them fail instead of skipping)")
+            "`bash tools/test.sh` runs them too (CI=true makes them fail instead of skipping)"
+        )

@@ -12,6 +12,7 @@ gradients (the momentum after one step) with the checkpoint's. Weight decay is 0
 gradient; dropout and stochastic depth are 0, since each process draws its own masks. Rank 0 writes
 OUT_DIR/ARCH-AMP.pt with what the test checks.
 """
+
 import contextlib
 import copy
 import importlib.util
@@ -31,7 +32,9 @@ CLASSES, SIZE, PER_PROCESS = 7, 32, 2
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("fsdp_distributed", os.path.join(ROOT, "fsdp_distributed.py"))
+    spec = importlib.util.spec_from_file_location(
+        "fsdp_distributed", os.path.join(ROOT, "fsdp_distributed.py")
+    )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script
@@ -41,11 +44,17 @@ def build(arch):
     """The model as the shared loop's create_model() builds it, but for three things: vit_* is built for SIZE px
     (at torchvision's default, 224, a step takes seconds on a CPU; the parameters and their grouping are the
     same but for the position embedding's length), without dropout, and with no parameter starting all zeros."""
-    model = models.get_model(arch, num_classes=CLASSES, **({"image_size": SIZE} if arch.startswith("vit") else {}))
-    for m in model.modules():  # dropout, stochastic depth: random masks, drawn apart in each process
+    model = models.get_model(
+        arch, num_classes=CLASSES, **({"image_size": SIZE} if arch.startswith("vit") else {})
+    )
+    for (
+        m
+    ) in model.modules():  # dropout, stochastic depth: random masks, drawn apart in each process
         if isinstance(getattr(m, "p", None), float):
             m.p = 0.0
-    for p in model.parameters():  # vit's head starts at zero, which would leave every gradient before it zero
+    for p in (
+        model.parameters()
+    ):  # vit's head starts at zero, which would leave every gradient before it zero
         if not p.any():
             nn.init.normal_(p, std=0.02)
     return model
@@ -60,11 +69,14 @@ def groups(model):
 
     def own(m):
         return sum(p.numel() for p in m.parameters(recurse=False)) + sum(
-            own(c) for c in m.children() if not isinstance(c, FSDPModule))
+            own(c) for c in m.children() if not isinstance(c, FSDPModule)
+        )
 
     for name, m in model.named_modules():
         if isinstance(m, FSDPModule):
-            group = found.setdefault(id(m._get_fsdp_state()), [[], 0, True])  # one state per fully_shard call
+            group = found.setdefault(
+                id(m._get_fsdp_state()), [[], 0, True]
+            )  # one state per fully_shard call
             size, direct = own(m), sum(p.numel() for p in m.parameters(recurse=False))
             group[0].append(name)
             group[1] += size
@@ -75,8 +87,19 @@ def groups(model):
 def main(out_dir, specs):
     script = load_script()
     rank, world, local_rank = (int(os.environ[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    args = script.build_parser().parse_args(["--dummy", "--image-size", str(SIZE), "-b", str(PER_PROCESS * world),
-                                             "--wd", "0", "--dist-backend", "gloo"])
+    args = script.build_parser().parse_args(
+        [
+            "--dummy",
+            "--image-size",
+            str(SIZE),
+            "-b",
+            str(PER_PROCESS * world),
+            "--wd",
+            "0",
+            "--dist-backend",
+            "gloo",
+        ]
+    )
     script.resolve_defaults(args, world)
     device = script.init_distributed(args, local_rank, rank, world)
     try:
@@ -92,15 +115,21 @@ def run(script, args, arch, device, rank, world, out_dir):
     start, start_cpu = time.perf_counter(), time.process_time()
     args.arch, args.channels_last = arch, args.amp != "off"
     torch.manual_seed(0)
-    model = build(arch).to(device, memory_format=torch.channels_last if args.channels_last else torch.contiguous_format)
+    model = build(arch).to(
+        device, memory_format=torch.channels_last if args.channels_last else torch.contiguous_format
+    )
     optimizer = script.build_optimizer(model, args, device)
     plain = copy.deepcopy(model) if rank == 0 else None
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         model, optimizer = script.distribute(model, optimizer, args, device)
-    g = torch.Generator().manual_seed(1)  # the same images in every process: process r takes the r-th share
-    images, targets = torch.randn(world, PER_PROCESS, 3, SIZE, SIZE, generator=g), torch.randint(
-        0, CLASSES, (world, PER_PROCESS), generator=g)
+    g = torch.Generator().manual_seed(
+        1
+    )  # the same images in every process: process r takes the r-th share
+    images, targets = (
+        torch.randn(world, PER_PROCESS, 3, SIZE, SIZE, generator=g),
+        torch.randint(0, CLASSES, (world, PER_PROCESS), generator=g),
+    )
     model.train()
     loss, *_ = script.forward(model, images[rank], targets[rank], args, device)
     optimizer.zero_grad()
@@ -110,28 +139,51 @@ def run(script, args, arch, device, rank, world, out_dir):
     weights, optimizer_state = script.full_state(model, optimizer)
     if rank != 0:
         return dist.barrier()
-    row = dict(arch=arch, amp=args.amp, printed=printed.getvalue(), groups=groups(model),
-               n_params=sum(p.numel() for p in plain.parameters()),
-               weight_dtypes=sorted({str(v.dtype) for v in weights.values() if v.is_floating_point()}))
+    row = dict(
+        arch=arch,
+        amp=args.amp,
+        printed=printed.getvalue(),
+        groups=groups(model),
+        n_params=sum(p.numel() for p in plain.parameters()),
+        weight_dtypes=sorted({str(v.dtype) for v in weights.values() if v.is_floating_point()}),
+    )
     names = [name for name, _ in plain.named_parameters()]
-    momentum = {names[i]: s["momentum_buffer"] for i, s in optimizer_state["state"].items()}  # the gradients
-    row.update(momentum_like_params=list(momentum) == names and all(
-        momentum[n].shape == p.shape for n, p in plain.named_parameters()),
-        finite=all(t.isfinite().all() for t in [*weights.values(), *momentum.values()] if t.is_floating_point()),
-        gradient=[momentum[n].abs().max().item() for n in names])  # the largest of each
-    if args.amp == "off":  # the same step unsharded: the mean of the shares' losses, the mean of their gradients
+    momentum = {
+        names[i]: s["momentum_buffer"] for i, s in optimizer_state["state"].items()
+    }  # the gradients
+    row.update(
+        momentum_like_params=list(momentum) == names
+        and all(momentum[n].shape == p.shape for n, p in plain.named_parameters()),
+        finite=all(
+            t.isfinite().all()
+            for t in [*weights.values(), *momentum.values()]
+            if t.is_floating_point()
+        ),
+        gradient=[momentum[n].abs().max().item() for n in names],
+    )  # the largest of each
+    if (
+        args.amp == "off"
+    ):  # the same step unsharded: the mean of the shares' losses, the mean of their gradients
         plain_optimizer = script.build_optimizer(plain, args, device)
         plain.train()
-        losses = [script.forward(plain, images[r], targets[r], args, device)[0] for r in range(world)]
+        losses = [
+            script.forward(plain, images[r], targets[r], args, device)[0] for r in range(world)
+        ]
         plain_optimizer.zero_grad()
         (sum(losses) / world).backward()
         plain_optimizer.step()
-        expected = {n: plain_optimizer.state[p]["momentum_buffer"] for n, p in plain.named_parameters()}
-        row.update(gradient_error=max(relative(momentum[n], m) for n, m in expected.items()),
-                   weight_error=max(relative(weights[n], p.detach()) for n, p in plain.named_parameters()))
+        expected = {
+            n: plain_optimizer.state[p]["momentum_buffer"] for n, p in plain.named_parameters()
+        }
+        row.update(
+            gradient_error=max(relative(momentum[n], m) for n, m in expected.items()),
+            weight_error=max(relative(weights[n], p.detach()) for n, p in plain.named_parameters()),
+        )
     plain.load_state_dict(weights)  # strict, as distributed.py --resume loads a checkpoint
-    torch.save(dict(row, seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - start_cpu),
-               os.path.join(out_dir, f"{arch}-{args.amp}.pt"))
+    torch.save(
+        dict(row, seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - start_cpu),
+        os.path.join(out_dir, f"{arch}-{args.amp}.pt"),
+    )
     dist.barrier()
 
 

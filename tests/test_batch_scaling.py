@@ -7,26 +7,60 @@
 (Accumulation's proofs, K micro-batches on W processes against one process, are in the equivalence tests of each
 backend: test_parallel_math.py, test_horovod.py, test_slurm.py, test_fsdp.py.)
 """
+
 import os
 import re
 
 import pytest
 import torch
 
-from conftest import EXACT, PARAM_TOL, PY, ROOT, TINY, launch_cmd, max_param_diff, metrics, params, run, script, \
-    torchrun
+from conftest import (
+    EXACT,
+    PARAM_TOL,
+    PY,
+    ROOT,
+    TINY,
+    launch_cmd,
+    max_param_diff,
+    metrics,
+    params,
+    run,
+    script,
+    torchrun,
+)
 from test_requeue import stop_one_rank
 
 # 48 images, -b 8 (6 steps an epoch) on 2 processes in 2 micro-batches of 2, warmup over 1.5 of the 2 epochs,
 # gradients sent in bf16: all three at once, so that resume is shown exact with each
-WARMUP = ["--image-size", "32", "-j", "0", "-b", "8", "--epochs", "2", "-p", "1", "--accum-steps", "2",
-          "--warmup-epochs", "1.5", "--lr", "0.2", "--grad-compression", "bf16", *EXACT]
+WARMUP = [
+    "--image-size",
+    "32",
+    "-j",
+    "0",
+    "-b",
+    "8",
+    "--epochs",
+    "2",
+    "-p",
+    "1",
+    "--accum-steps",
+    "2",
+    "--warmup-epochs",
+    "1.5",
+    "--lr",
+    "0.2",
+    "--grad-compression",
+    "bf16",
+    *EXACT,
+]
 STEP = re.compile(r"^Epoch \[(\d+)\]\[(\d+)/(\d+)\] .* lr (\S+) ", re.M)
 
 
 def rates(log, start=0):
     """{(epoch, samples trained once the step is done): lr} from a run's step lines."""
-    return {(int(e), start * (e == "0") + int(s) * 8): float(lr) for e, s, _, lr in STEP.findall(log)}
+    return {
+        (int(e), start * (e == "0") + int(s) * 8): float(lr) for e, s, _, lr in STEP.findall(log)
+    }
 
 
 def test_warmup_rates_follow_the_formula_and_survive_a_stop_and_resume(tiny_data, tmp_path):
@@ -34,11 +68,17 @@ def test_warmup_rates_follow_the_formula_and_survive_a_stop_and_resume(tiny_data
     straight = run(cmd + ["--output-dir", str(tmp_path / "straight")]).stdout
     expected = {(e, s): 0.2 * min(1.0, (e + s / 48) / 1.5) for e in (0, 1) for s in range(8, 49, 8)}
     assert rates(straight).keys() == expected.keys()
-    assert all(rates(straight)[k] == pytest.approx(v, rel=1e-5) for k, v in expected.items()), straight
-    assert rates(straight)[(0, 8)] == pytest.approx(0.2 / 9)  # near 0 at first, the full rate from step 3 of epoch 1
+    assert all(rates(straight)[k] == pytest.approx(v, rel=1e-5) for k, v in expected.items()), (
+        straight
+    )
+    assert rates(straight)[(0, 8)] == pytest.approx(
+        0.2 / 9
+    )  # near 0 at first, the full rate from step 3 of epoch 1
 
     out = str(tmp_path / "stopped")
-    rc, first = stop_one_rank(cmd + ["--output-dir", out, "--auto-resume"], rank=1, at="Epoch [0][2/")
+    rc, first = stop_one_rank(
+        cmd + ["--output-dir", out, "--auto-resume"], rank=1, at="Epoch [0][2/"
+    )
     assert rc == 0 and "stopped on SIGUSR1 after sample" in first, first
     start = int(first.split("stopped on SIGUSR1 after sample ")[1].split()[0])
     assert 0 < start < 48, first  # stopped in epoch 0, in the middle of the warmup
@@ -51,8 +91,10 @@ def test_warmup_rates_follow_the_formula_and_survive_a_stop_and_resume(tiny_data
 
 def test_warmup_default_follows_the_global_batch(tiny_data):
     import sys
+
     sys.path.insert(0, ROOT)
     import distributed
+
     for batch, epochs in [(32, 0), (256, 0), (512, 1), (1024, 2), (8192, 5), (65536, 5)]:
         args = distributed.build_parser().parse_args(["--data", tiny_data, "-b", str(batch)])
         distributed.resolve_defaults(args, 1)
@@ -61,19 +103,42 @@ def test_warmup_default_follows_the_global_batch(tiny_data):
 
 # ---- compression ----
 
-ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}  # half the gap between 1 and the next number in each type
+ROUNDOFF = {
+    "fp16": 2.0**-11,
+    "bf16": 2.0**-8,
+}  # half the gap between 1 and the next number in each type
 
 
-@pytest.mark.parametrize("launcher,name,compressions", [
-    ("torchrun", "distributed.py", ["fp16", "bf16"]),  # DDP's communication hooks: every DDP script's distribute()
-    ("horovodrun", "horovod_distributed.py", ["fp16"]),  # Horovod's compression (it has no bf16 all-reduce)
-    ("torchrun", "fsdp_distributed.py", ["fp16", "bf16"]),  # FSDP's reduce-scatter dtype
-])
-def test_compressed_gradients_are_the_average_to_the_types_precision(tmp_path, launcher, name, compressions):
+@pytest.mark.parametrize(
+    "launcher,name,compressions",
+    [
+        (
+            "torchrun",
+            "distributed.py",
+            ["fp16", "bf16"],
+        ),  # DDP's communication hooks: every DDP script's distribute()
+        (
+            "horovodrun",
+            "horovod_distributed.py",
+            ["fp16"],
+        ),  # Horovod's compression (it has no bf16 all-reduce)
+        ("torchrun", "fsdp_distributed.py", ["fp16", "bf16"]),  # FSDP's reduce-scatter dtype
+    ],
+)
+def test_compressed_gradients_are_the_average_to_the_types_precision(
+    tmp_path, launcher, name, compressions
+):
     out = str(tmp_path / "grads.pt")
-    worker = [os.path.join(ROOT, "tests", "compression_worker.py"), name, out, "none", *compressions]
+    worker = [
+        os.path.join(ROOT, "tests", "compression_worker.py"),
+        name,
+        out,
+        "none",
+        *compressions,
+    ]
     if launcher == "horovodrun":
         from test_horovod import HOROVODRUN, require_horovod
+
         require_horovod()
         run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, *worker])
     else:
@@ -92,15 +157,35 @@ def test_compressed_gradients_are_the_average_to_the_types_precision(tmp_path, l
         assert worst <= 1.0 and changed, (c, worst)
 
 
-@pytest.mark.parametrize("launcher,name,extra", [
-    ("torchrun", "distributed.py", ["--grad-compression", "bf16"]),
-    ("horovodrun", "horovod_distributed.py", ["--fp16-allreduce"]),  # the older flag: --grad-compression fp16
-    ("torchrun", "fsdp_distributed.py", ["--grad-compression", "bf16"]),
-])
-def test_compressed_training_reaches_the_uncompressed_accuracy(reference, tiny_data, tmp_path, launcher, name, extra):
-    args = ["--data", tiny_data, *TINY, *EXACT, "--accum-steps", "2", *extra, "--output-dir", str(tmp_path)]
+@pytest.mark.parametrize(
+    "launcher,name,extra",
+    [
+        ("torchrun", "distributed.py", ["--grad-compression", "bf16"]),
+        (
+            "horovodrun",
+            "horovod_distributed.py",
+            ["--fp16-allreduce"],
+        ),  # the older flag: --grad-compression fp16
+        ("torchrun", "fsdp_distributed.py", ["--grad-compression", "bf16"]),
+    ],
+)
+def test_compressed_training_reaches_the_uncompressed_accuracy(
+    reference, tiny_data, tmp_path, launcher, name, extra
+):
+    args = [
+        "--data",
+        tiny_data,
+        *TINY,
+        *EXACT,
+        "--accum-steps",
+        "2",
+        *extra,
+        "--output-dir",
+        str(tmp_path),
+    ]
     if launcher == "horovodrun":
         from test_horovod import HOROVODRUN, require_horovod
+
         require_horovod()
         p = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, script(name), *args])
     else:

@@ -1,5 +1,6 @@
 """start.sh and statistics.sh do what the README says (their speed claims come from
 running start.sh, never from these tests)."""
+
 import csv
 import json
 import os
@@ -21,17 +22,44 @@ def test_statistics_samples_the_command_and_returns_its_exit_status(tmp_path):
     # 1.5 s of CPU, however long that takes: the suite runs tests in parallel, so the loop may get
     # a fraction of a core, and its CPU time, not its share of one, is what the samples must show
     burn = "import time\nwhile time.process_time() < 1.5: pass"
-    run(["bash", os.path.join(ROOT, "statistics.sh"), "-o", str(out), "-i", "200", "--", "python3", "-c", burn])
+    run(
+        [
+            "bash",
+            os.path.join(ROOT, "statistics.sh"),
+            "-o",
+            str(out),
+            "-i",
+            "200",
+            "--",
+            "python3",
+            "-c",
+            burn,
+        ]
+    )
     rows = list(csv.DictReader(open(out)))
     assert len(rows) >= 4
     # the busy loop shows up: each row's cpu_percent over its interval, summed, is the CPU time the
     # command used, less at most the last interval (cut short by the command's end)
     elapsed = [0.0] + [float(r["elapsed_s"]) for r in rows]
-    cpu_s = sum(float(r["cpu_percent"]) / 100 * (elapsed[i + 1] - elapsed[i]) for i, r in enumerate(rows))
+    cpu_s = sum(
+        float(r["cpu_percent"]) / 100 * (elapsed[i + 1] - elapsed[i]) for i, r in enumerate(rows)
+    )
     assert 1.0 < cpu_s < 2.5, (cpu_s, rows)
     assert max(float(r["rss_mb"]) for r in rows) > 1
-    p = subprocess.run(["bash", os.path.join(ROOT, "statistics.sh"), "-o", str(tmp_path / "f.csv"), "--",
-                        "bash", "-c", "exit 7"], capture_output=True, timeout=60)
+    p = subprocess.run(
+        [
+            "bash",
+            os.path.join(ROOT, "statistics.sh"),
+            "-o",
+            str(tmp_path / "f.csv"),
+            "--",
+            "bash",
+            "-c",
+            "exit 7",
+        ],
+        capture_output=True,
+        timeout=60,
+    )
     assert p.returncode == 7
 
 
@@ -40,16 +68,38 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
     out = tmp_path / "results"
-    run(["bash", os.path.join(ROOT, "start.sh"), "-o", str(out), "--only", "dataparallel,distributed,fsdp,horovod",
-         "-e", "1", "-b", "12", "-j", "0"],
-        env=env(PYTHONPATH=str(tmp_path / "fake"), DATA=tiny_data, IMAGE_SIZE="32"), timeout=600)
+    run(
+        [
+            "bash",
+            os.path.join(ROOT, "start.sh"),
+            "-o",
+            str(out),
+            "--only",
+            "dataparallel,distributed,fsdp,horovod",
+            "-e",
+            "1",
+            "-b",
+            "12",
+            "-j",
+            "0",
+        ],
+        env=env(PYTHONPATH=str(tmp_path / "fake"), DATA=tiny_data, IMAGE_SIZE="32"),
+        timeout=600,
+    )
     rows = {r["backend"]: r for r in csv.DictReader(open(out / "benchmark.csv"))}
     assert rows["dataparallel"]["status"] == rows["distributed"]["status"] == "ok"
-    assert float(rows["dataparallel"]["images_per_s"]) > 0 and float(rows["distributed"]["images_per_s"]) > 0
+    assert (
+        float(rows["dataparallel"]["images_per_s"]) > 0
+        and float(rows["distributed"]["images_per_s"]) > 0
+    )
     assert rows["distributed"]["processes"] == "2"
-    assert rows["fsdp"]["status"] == "ok" and rows["fsdp"]["processes"] == "2"  # FSDP2, torchrun like distributed
+    assert (
+        rows["fsdp"]["status"] == "ok" and rows["fsdp"]["processes"] == "2"
+    )  # FSDP2, torchrun like distributed
     assert float(rows["fsdp"]["images_per_s"]) > 0
-    assert rows["horovod"]["status"] == "skipped" and "install-horovod.sh" in rows["horovod"]["note"]
+    assert (
+        rows["horovod"]["status"] == "skipped" and "install-horovod.sh" in rows["horovod"]["note"]
+    )
     # model TFLOP/s of resnet18 at start.sh's 32 px; CPU MFU against the fp32 matmul peak measured first,
     # at each run's threads per process, times its processes
     flops = train_flops_per_image("resnet18", 32)
@@ -59,13 +109,18 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
         tflops = float(r["images_per_s"]) * flops / 1e12
         assert float(r["train_tflops"]) == pytest.approx(tflops, rel=0.01)
         gflops = peak["peak_gflops"]["fp32"][r["threads_per_process"]]
-        assert float(r["peak_tflops"]) == pytest.approx(int(r["processes"]) * gflops / 1000, rel=0.01)
-        assert float(r["mfu_pct"]) == pytest.approx(100 * tflops / float(r["peak_tflops"]), rel=0.02)
+        assert float(r["peak_tflops"]) == pytest.approx(
+            int(r["processes"]) * gflops / 1000, rel=0.01
+        )
+        assert float(r["mfu_pct"]) == pytest.approx(
+            100 * tflops / float(r["peak_tflops"]), rel=0.02
+        )
     # the loader columns: one loader process's images/s per core on DATA, and the cores each run needs
     loader = float(rows["distributed"]["loader_images_per_core_s"])
     assert loader > 0 and float(rows["dataparallel"]["loader_images_per_core_s"]) == loader
     assert float(rows["distributed"]["loader_cores_needed"]) == pytest.approx(
-        float(rows["distributed"]["images_per_s"]) / loader, rel=0.02)
+        float(rows["distributed"]["images_per_s"]) / loader, rel=0.02
+    )
     md = (out / "benchmark.md").read_text()
     assert "loader img/s per core" in md
     assert "| dataparallel |" in md and "horovod" in md and "distributed / dataparallel" in md
@@ -73,13 +128,18 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
     assert "| fsdp | torchrun fsdp_distributed.py (FSDP2) | 2 |" in md and "## Memory" in md
     assert "results/fsdp-memory.md" in md and "tools/fsdp_memory.py" in md
     assert "| model TFLOP/s | MFU % |" in md and "GFLOP/s measured fp32 matmul" in md
-    assert f"- CPU capability: {peak['capability']}, native bf16: " in md and "GFLOP/s at 1 thread(s)" in md
+    assert (
+        f"- CPU capability: {peak['capability']}, native bf16: " in md
+        and "GFLOP/s at 1 thread(s)" in md
+    )
     # the recorded command reproduces the run: the settings given through the environment come with it
     command = next(line for line in md.splitlines() if line.startswith("- command: `"))
-    assert f"DATA={tiny_data} IMAGE_SIZE=32 bash start.sh -o {out} --only dataparallel,distributed,fsdp,horovod" \
-        in command, command
+    assert (
+        f"DATA={tiny_data} IMAGE_SIZE=32 bash start.sh -o {out} --only dataparallel,distributed,fsdp,horovod"
+        in command
+    ), command
     # and each run's command is the one a user types in the checkout: no absolute path of it or of the venv
-    commands = md[md.index("## Commands"):]
+    commands = md[md.index("## Commands") :]
     assert "distributed.py --data" in commands and ROOT not in commands, commands
     if os.path.isfile(os.path.join(os.path.dirname(BIN), "pyvenv.cfg")):
         assert BIN not in commands and ".venv/bin/" in commands, commands
@@ -96,29 +156,58 @@ def test_report_shows_commands_as_typed_in_the_checkout_not_with_absolute_paths(
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
     results = tmp_path / "results"
     (results / "runs" / "distributed").mkdir(parents=True)
-    ran = {"distributed": f"{venv}/bin/torchrun --standalone --nproc_per_node=2 distributed.py --data data/demo "
-                          f"-b 32 --image-size 64 --output-dir {ROOT}/results/runs/distributed ",
-           "multiprocessing": f"{ROOT}/.venv/bin/python multiprocessing_distributed.py --nprocs 2 "
-                              f"--output-dir {ROOT}/results/runs/multiprocessing "}
+    ran = {
+        "distributed": f"{venv}/bin/torchrun --standalone --nproc_per_node=2 distributed.py --data data/demo "
+        f"-b 32 --image-size 64 --output-dir {ROOT}/results/runs/distributed ",
+        "multiprocessing": f"{ROOT}/.venv/bin/python multiprocessing_distributed.py --nprocs 2 "
+        f"--output-dir {ROOT}/results/runs/multiprocessing ",
+    }
     manifest = "".join(f"{name}\t{name}\tok\t2\t1\t-\t0\t30\t{cmd}\n" for name, cmd in ran.items())
-    manifest += f"horovod\thorovodrun\tskipped\t-\t-\t-\t-\t-\thorovod: not installed — PYTHON={venv}/bin/python " \
-                "bash tools/install-horovod.sh\n"
+    manifest += (
+        f"horovod\thorovodrun\tskipped\t-\t-\t-\t-\t-\thorovod: not installed — PYTHON={venv}/bin/python "
+        "bash tools/install-horovod.sh\n"
+    )
     (results / "runs" / "manifest.tsv").write_text(manifest)
     for name in ran:
         (results / "runs" / name).mkdir(exist_ok=True)
-        (results / "runs" / name / "metrics.jsonl").write_text(json.dumps(dict(
-            arch="resnet18", epoch=0, train_images_per_s=40.0, epoch_time_s=10.0, val_acc1=50.0)) + "\n")
-    run([PY, os.path.join(ROOT, "tools", "benchmark_report.py"), "--results", str(results),
-         "--command", f"RESULTS={ROOT}/results DATA={ROOT}/data/demo bash start.sh",
-         "--config", f"resnet18, 64px, {ROOT}/data/demo"], env=env(PEAK_TFLOPS="0.5"), timeout=120)
+        (results / "runs" / name / "metrics.jsonl").write_text(
+            json.dumps(
+                dict(
+                    arch="resnet18",
+                    epoch=0,
+                    train_images_per_s=40.0,
+                    epoch_time_s=10.0,
+                    val_acc1=50.0,
+                )
+            )
+            + "\n"
+        )
+    run(
+        [
+            PY,
+            os.path.join(ROOT, "tools", "benchmark_report.py"),
+            "--results",
+            str(results),
+            "--command",
+            f"RESULTS={ROOT}/results DATA={ROOT}/data/demo bash start.sh",
+            "--config",
+            f"resnet18, 64px, {ROOT}/data/demo",
+        ],
+        env=env(PEAK_TFLOPS="0.5"),
+        timeout=120,
+    )
     md = (results / "benchmark.md").read_text()
     assert ROOT not in md and str(venv) not in md and str(tmp_path) not in md, md
     assert "- command: `RESULTS=results DATA=data/demo bash start.sh`" in md
     assert "- configuration: resnet18, 64px, data/demo" in md
-    assert ("- distributed: `.venv/bin/torchrun --standalone --nproc_per_node=2 distributed.py --data data/demo "
-            "-b 32 --image-size 64 --output-dir results/runs/distributed`") in md
-    assert ("- multiprocessing: `.venv/bin/python multiprocessing_distributed.py --nprocs 2 "
-            "--output-dir results/runs/multiprocessing`") in md
+    assert (
+        "- distributed: `.venv/bin/torchrun --standalone --nproc_per_node=2 distributed.py --data data/demo "
+        "-b 32 --image-size 64 --output-dir results/runs/distributed`"
+    ) in md
+    assert (
+        "- multiprocessing: `.venv/bin/python multiprocessing_distributed.py --nprocs 2 "
+        "--output-dir results/runs/multiprocessing`"
+    ) in md
     assert "PYTHON=.venv/bin/python bash tools/install-horovod.sh" in md
     csv_text = (results / "benchmark.csv").read_text()
     assert ROOT not in csv_text and str(venv) not in csv_text
@@ -130,33 +219,60 @@ def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):
 
     # the report's functions on fabricated rows: 2 x H100 SXM from the table, a CPU run, a skipped one
     h100 = "NVIDIA H100 80GB HBM3"
-    rows = [dict(backend="apex", status="ok", gpus="0,1", images_per_s=3000.0),
-            dict(backend="distributed", status="ok", gpus="-", images_per_s=25.0),
-            dict(backend="horovod", status="skipped", gpus="-", images_per_s=None)]
+    rows = [
+        dict(backend="apex", status="ok", gpus="0,1", images_per_s=3000.0),
+        dict(backend="distributed", status="ok", gpus="-", images_per_s=25.0),
+        dict(backend="horovod", status="skipped", gpus="-", images_per_s=None),
+    ]
     benchmark_report.add_mfu(rows, flops, gpu_names={"0": h100, "1": h100})
     assert rows[0]["peak_tflops"] == 2 * 989
     assert rows[0]["train_tflops"] == pytest.approx(3000 * flops / 1e12)
     assert rows[0]["mfu_pct"] == pytest.approx(100 * 3000 * flops / (2 * 989e12))
-    assert rows[1]["train_tflops"] == pytest.approx(25 * flops / 1e12) and rows[1]["mfu_pct"] is None
+    assert (
+        rows[1]["train_tflops"] == pytest.approx(25 * flops / 1e12) and rows[1]["mfu_pct"] is None
+    )
     assert rows[2]["train_tflops"] is None and rows[2]["mfu_pct"] is None
-    benchmark_report.add_mfu(rows, flops, peak_tflops=2.5, gpu_names={})  # PEAK_TFLOPS wins everywhere
+    benchmark_report.add_mfu(
+        rows, flops, peak_tflops=2.5, gpu_names={}
+    )  # PEAK_TFLOPS wins everywhere
     assert rows[0]["mfu_pct"] == pytest.approx(100 * 3000 * flops / 2.5e12)
     assert rows[1]["mfu_pct"] == pytest.approx(100 * 25 * flops / 2.5e12)
-    rows = benchmark_report.add_mfu([dict(gpus="3", images_per_s=1.0)], flops, gpu_names={"3": "NVIDIA H100 NVL"})
-    assert rows[0]["mfu_pct"] is None and "H100 NVL" in rows[0]["peak_source"]  # not in the table: no guess
+    rows = benchmark_report.add_mfu(
+        [dict(gpus="3", images_per_s=1.0)], flops, gpu_names={"3": "NVIDIA H100 NVL"}
+    )
+    assert (
+        rows[0]["mfu_pct"] is None and "H100 NVL" in rows[0]["peak_source"]
+    )  # not in the table: no guess
     peak = benchmark_report.gpu_peak_tflops
-    assert (peak("NVIDIA H100 PCIe"), peak("NVIDIA H200"), peak("NVIDIA A100-SXM4-80GB"), peak("NVIDIA L40S"),
-            peak("Tesla V100-SXM2-32GB"), peak("NVIDIA GeForce RTX 4090")) == (756, 989, 312, 362, 125, None)
+    assert (
+        peak("NVIDIA H100 PCIe"),
+        peak("NVIDIA H200"),
+        peak("NVIDIA A100-SXM4-80GB"),
+        peak("NVIDIA L40S"),
+        peak("Tesla V100-SXM2-32GB"),
+        peak("NVIDIA GeForce RTX 4090"),
+    ) == (756, 989, 312, 362, 125, None)
 
     # the report end to end on a fabricated results folder: arch from metrics.jsonl, image size from the command
     runs = tmp_path / "runs"
     (runs / "distributed").mkdir(parents=True)
-    (runs / "manifest.tsv").write_text("distributed\ttorchrun distributed.py\tok\t2\t1\t-\t0\t30\t"
-                                       "torchrun distributed.py -a resnet18 -b 32 --image-size 64\n")
-    (runs / "distributed" / "metrics.jsonl").write_text(json.dumps(dict(
-        arch="resnet18", epoch=0, train_images_per_s=40.0, epoch_time_s=10.0, val_acc1=50.0)) + "\n")
-    run([PY, os.path.join(ROOT, "tools", "benchmark_report.py"), "--results", str(tmp_path)],
-        env=env(PEAK_TFLOPS="0.5"), timeout=120)
+    (runs / "manifest.tsv").write_text(
+        "distributed\ttorchrun distributed.py\tok\t2\t1\t-\t0\t30\t"
+        "torchrun distributed.py -a resnet18 -b 32 --image-size 64\n"
+    )
+    (runs / "distributed" / "metrics.jsonl").write_text(
+        json.dumps(
+            dict(
+                arch="resnet18", epoch=0, train_images_per_s=40.0, epoch_time_s=10.0, val_acc1=50.0
+            )
+        )
+        + "\n"
+    )
+    run(
+        [PY, os.path.join(ROOT, "tools", "benchmark_report.py"), "--results", str(tmp_path)],
+        env=env(PEAK_TFLOPS="0.5"),
+        timeout=120,
+    )
     row = next(csv.DictReader(open(tmp_path / "benchmark.csv")))
     flops64 = train_flops_per_image("resnet18", 64)
     assert float(row["train_tflops"]) == pytest.approx(40 * flops64 / 1e12, abs=1e-4)
@@ -167,13 +283,29 @@ def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):
 def test_mixed_precision_bar_depends_on_native_support():
     """Where bf16 is native, mixed precision must pay (>= 1.8x); elsewhere auto picks fp32 and
     must merely cost nothing (>= 0.95x)."""
+
     def rows(ratio, amp):
-        return [dict(backend="distributed", status="ok", processes="2", threads_per_process="1", images_per_s=10.0,
-                     data_wait_pct=None,
-                     amp="off"),
-                dict(backend="apex", status="ok", processes="2", threads_per_process="1", images_per_s=10.0 * ratio,
-                     data_wait_pct=None,
-                     amp=amp)]
+        return [
+            dict(
+                backend="distributed",
+                status="ok",
+                processes="2",
+                threads_per_process="1",
+                images_per_s=10.0,
+                data_wait_pct=None,
+                amp="off",
+            ),
+            dict(
+                backend="apex",
+                status="ok",
+                processes="2",
+                threads_per_process="1",
+                images_per_s=10.0 * ratio,
+                data_wait_pct=None,
+                amp=amp,
+            ),
+        ]
+
     amp_check = lambda checks: next(c for c in checks if c["name"] == "apex / distributed")  # noqa: E731
     assert amp_check(benchmark_report.check_bars(rows(0.97, "off"), False))["ok"] is True
     assert amp_check(benchmark_report.check_bars(rows(0.90, "off"), False))["ok"] is False
@@ -181,14 +313,19 @@ def test_mixed_precision_bar_depends_on_native_support():
     assert native["ok"] is False and native["bar"] == ">= 1.80x" and "bf16" in native["what"]
     assert amp_check(benchmark_report.check_bars(rows(2.0, "bf16"), True))["ok"] is True
     # a bar whose baseline did not run says so, without inventing (or printing None for) its shape
-    ddp = next(c for c in benchmark_report.check_bars(rows(1.0, "off")[:1], False)
-               if c["name"] == "distributed / dataparallel")
+    ddp = next(
+        c
+        for c in benchmark_report.check_bars(rows(1.0, "off")[:1], False)
+        if c["name"] == "distributed / dataparallel"
+    )
     assert ddp["ok"] is None and "dataparallel did not run" in ddp["text"]
     assert "2 procs x 1 thread(s) vs one process x ? threads" in ddp["what"], ddp["what"]
     # a bf16 run on a CPU without native bf16 has no peak to divide by: MFU blank, with the reason
-    r = benchmark_report.add_mfu([dict(gpus="-", processes="2", threads_per_process="1", images_per_s=5.0,
-                                       amp="bf16")], 1e9, cpu_peak=dict(capability="AVX2", native_bf16=False,
-                                                                       peak_gflops={"fp32": {"1": 100.0}}))[0]
+    r = benchmark_report.add_mfu(
+        [dict(gpus="-", processes="2", threads_per_process="1", images_per_s=5.0, amp="bf16")],
+        1e9,
+        cpu_peak=dict(capability="AVX2", native_bf16=False, peak_gflops={"fp32": {"1": 100.0}}),
+    )[0]
     assert r["mfu_pct"] is None and "not native" in r["peak_source"]
 
 
@@ -198,22 +335,24 @@ def fake_gpu_node(tmp_path, gpus=4, cores=32):
     its CUDA variables (one JSON line each) instead of training; everything else runs the real Python."""
     bin_dir, rec = tmp_path / "bin", tmp_path / "commands.jsonl"
     bin_dir.mkdir()
-    record = (f'{PY} -c \'import json, os, sys; print(json.dumps(dict(argv=sys.argv[1:], '
-              f'order=os.environ.get("CUDA_DEVICE_ORDER"), visible=os.environ.get("CUDA_VISIBLE_DEVICES"))))\' '
-              f'"$(basename "$0")" "$@" >>{rec}\n')
+    record = (
+        f"{PY} -c 'import json, os, sys; print(json.dumps(dict(argv=sys.argv[1:], "
+        f'order=os.environ.get("CUDA_DEVICE_ORDER"), visible=os.environ.get("CUDA_VISIBLE_DEVICES"))))\' '
+        f'"$(basename "$0")" "$@" >>{rec}\n'
+    )
     rows = "".join(f"echo 'GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})'\n" for i in range(gpus))
     indices = "".join(f"echo {i}\n" for i in range(gpus))
     files = {
         "nvidia-smi": '#!/bin/bash\ncase "$*" in\n'
-                      f'  -L) {rows};;\n'
-                      f'  *query-gpu=index*) {indices};;\n'
-                      '  *) echo "timestamp, index, memory.total [MiB]";;\nesac\n',
+        f"  -L) {rows};;\n"
+        f"  *query-gpu=index*) {indices};;\n"
+        '  *) echo "timestamp, index, memory.total [MiB]";;\nesac\n',
         "nproc": f"#!/bin/sh\necho {cores}\n",
         "sinfo": "#!/bin/sh\necho 'idle 1 gpu-node'\n",
         "srun": "#!/bin/bash\n" + record,
         "torchrun": "#!/bin/bash\n" + record,
         "python": '#!/bin/bash\ncase "$1" in\n  *.py|-m) [[ $1 != -m || $2 == torch.distributed.launch ]] && '
-                  f'[[ $1 != tools/* ]] && {{ {record.strip()}; exit 0; }};;\nesac\nexec {PY} "$@"\n',
+        f'[[ $1 != tools/* ]] && {{ {record.strip()}; exit 0; }};;\nesac\nexec {PY} "$@"\n',
     }
     for name, text in files.items():
         (bin_dir / name).write_text(text)
@@ -223,17 +362,36 @@ def fake_gpu_node(tmp_path, gpus=4, cores=32):
 
 def gpu_mode_commands(tmp_path, tiny_data, **extra):
     bin_dir, rec = fake_gpu_node(tmp_path)
-    p = run(["bash", os.path.join(ROOT, "start.sh"), "-o", str(tmp_path / "results"),
-             "--only", "dataparallel,distributed,apex,distributed-launch,multiprocessing,fsdp,slurm"],
-            env=env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHON=str(bin_dir / "python"),
-                    TORCHRUN=str(bin_dir / "torchrun"), DATA=tiny_data, **extra), check=False, timeout=300)
-    names = {("python", "dataparallel.py"): "dataparallel", ("torchrun", "distributed.py"): "distributed",
-             ("torchrun", "apex_distributed.py"): "apex", ("python", "distributed.py"): "launch",
-             ("python", "multiprocessing_distributed.py"): "multiprocessing",
-             ("torchrun", "fsdp_distributed.py"): "fsdp",
-             ("srun", "distributed_slurm_main.py"): "srun"}
+    p = run(
+        [
+            "bash",
+            os.path.join(ROOT, "start.sh"),
+            "-o",
+            str(tmp_path / "results"),
+            "--only",
+            "dataparallel,distributed,apex,distributed-launch,multiprocessing,fsdp,slurm",
+        ],
+        env=env(
+            PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            PYTHON=str(bin_dir / "python"),
+            TORCHRUN=str(bin_dir / "torchrun"),
+            DATA=tiny_data,
+            **extra,
+        ),
+        check=False,
+        timeout=300,
+    )
+    names = {
+        ("python", "dataparallel.py"): "dataparallel",
+        ("torchrun", "distributed.py"): "distributed",
+        ("torchrun", "apex_distributed.py"): "apex",
+        ("python", "distributed.py"): "launch",
+        ("python", "multiprocessing_distributed.py"): "multiprocessing",
+        ("torchrun", "fsdp_distributed.py"): "fsdp",
+        ("srun", "distributed_slurm_main.py"): "srun",
+    }
     commands = {}
-    for line in (rec.read_text().splitlines() if rec.exists() else []):
+    for line in rec.read_text().splitlines() if rec.exists() else []:
         c = json.loads(line)
         script = next(a for a in c["argv"] if a.endswith(".py"))
         commands[names[c["argv"][0], script]] = c
@@ -242,24 +400,43 @@ def gpu_mode_commands(tmp_path, tiny_data, **extra):
 
 def option(argv, name):
     """The value of the option's last occurrence (argparse's and srun's rule: the last one wins)."""
-    return [a.split("=", 1)[1] if "=" in a else argv[i + 1] for i, a in enumerate(argv)
-            if a == name or a.startswith(name + "=")][-1]
+    return [
+        a.split("=", 1)[1] if "=" in a else argv[i + 1]
+        for i, a in enumerate(argv)
+        if a == name or a.startswith(name + "=")
+    ][-1]
 
 
-def test_start_sh_gpu_mode_keeps_every_gpu_visible_and_feeds_dataparallel_from_all_loader_workers(tiny_data,
-                                                                                                  tmp_path):
+def test_start_sh_gpu_mode_keeps_every_gpu_visible_and_feeds_dataparallel_from_all_loader_workers(
+    tiny_data, tmp_path
+):
     p, commands = gpu_mode_commands(tmp_path, tiny_data)
-    assert "GPUs 0,1,2,3 (one process each, nccl), -j 8 per process" in p.stdout, p.stdout + p.stderr
-    assert set(commands) == {"dataparallel", "distributed", "apex", "launch", "multiprocessing", "fsdp", "srun"}, \
-        commands
-    for name, c in commands.items():  # nvidia-smi's GPU numbers are CUDA's, and every process sees every GPU
+    assert "GPUs 0,1,2,3 (one process each, nccl), -j 8 per process" in p.stdout, (
+        p.stdout + p.stderr
+    )
+    assert set(commands) == {
+        "dataparallel",
+        "distributed",
+        "apex",
+        "launch",
+        "multiprocessing",
+        "fsdp",
+        "srun",
+    }, commands
+    for (
+        name,
+        c,
+    ) in commands.items():  # nvidia-smi's GPU numbers are CUDA's, and every process sees every GPU
         assert (c["order"], c["visible"]) == ("PCI_BUS_ID", "0,1,2,3"), (name, c)
     # 32 cores, 4 GPUs: 8 loader workers per training process; DataParallel's one process feeds all four GPUs
     for name in "distributed", "apex", "launch", "multiprocessing", "fsdp", "srun":
         assert option(commands[name]["argv"], "-j") == "8", commands[name]
     assert option(commands["dataparallel"]["argv"], "-j") == "32"
     assert option(commands["distributed"]["argv"], "--nproc_per_node") == "4"
-    assert option(commands["fsdp"]["argv"], "--nproc_per_node") == "4" and "--threads" not in commands["fsdp"]["argv"]
+    assert (
+        option(commands["fsdp"]["argv"], "--nproc_per_node") == "4"
+        and "--threads" not in commands["fsdp"]["argv"]
+    )
     assert option(commands["multiprocessing"]["argv"], "--nprocs") == "4"
     # srun asks for the node's GPUs, visible to every task (not one hidden GPU per task)
     srun = commands["srun"]["argv"]
@@ -272,7 +449,10 @@ def test_start_sh_gpu_mode_on_chosen_gpus(tiny_data, tmp_path):
     assert "GPUs 1,3 (one process each" in p.stdout, p.stdout + p.stderr
     assert commands["distributed"]["visible"] == "1,3"
     assert option(commands["distributed"]["argv"], "--nproc_per_node") == "2"
-    assert commands["fsdp"]["visible"] == "1,3" and option(commands["fsdp"]["argv"], "--nproc_per_node") == "2"
+    assert (
+        commands["fsdp"]["visible"] == "1,3"
+        and option(commands["fsdp"]["argv"], "--nproc_per_node") == "2"
+    )
     assert option(commands["distributed"]["argv"], "-j") == "8"  # min(8, 32 cores / 2 GPUs)
     assert option(commands["dataparallel"]["argv"], "-j") == "16"
     assert option(commands["srun"]["argv"], "--gpus-per-node") == "2"

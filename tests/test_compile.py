@@ -9,15 +9,30 @@ ResNet-18 takes 1-3 minutes on 2 busy cores, so it runs in one process: the bare
 then wrapped by DDP, so the graph is the same at any number of processes (2 compiled processes under
 FSDP: tests/test_fsdp.py).
 """
+
 import math
 
-from conftest import EXACT, PARAM_TOL, TINY, launch_cmd, max_param_diff, metrics, params, reference_run, run
+from conftest import (
+    EXACT,
+    PARAM_TOL,
+    TINY,
+    launch_cmd,
+    max_param_diff,
+    metrics,
+    params,
+    reference_run,
+    run,
+)
 
 
 def test_compiled_training_equals_eager(tiny_data, tmp_path):
     args = ["--data", tiny_data, *TINY, *EXACT]
-    p = run(launch_cmd("python", 1, "distributed.py") + args + ["--compile", "--output-dir", str(tmp_path / "c1")],
-            timeout=900)
+    p = run(
+        launch_cmd("python", 1, "distributed.py")
+        + args
+        + ["--compile", "--output-dir", str(tmp_path / "c1")],
+        timeout=900,
+    )
     # `python distributed.py` with these arguments, made once for the session: asked for only now, so
     # that compiling does not wait for it
     eager = reference_run(tiny_data)

@@ -4,6 +4,7 @@ data reads instead of listing the folders.
 
 These import distributed.py and the tool as modules and drive their data functions directly.
 """
+
 import glob
 import multiprocessing
 import os
@@ -25,7 +26,7 @@ IMAGENET_TRAIN = 1_281_167
 
 
 def synthetic_samples(n=IMAGENET_TRAIN, classes=1000):
-    """ImageNet's training list without its files: n01440764/n01440764_10026.JPEG, ... """
+    """ImageNet's training list without its files: n01440764/n01440764_10026.JPEG, ..."""
     names = [f"n{1440764 + 9973 * c:08d}" for c in range(classes)]
     targets = np.arange(n) * classes // n
     paths = [f"{names[t]}/{names[t]}_{i}.JPEG" for i, t in enumerate(targets.tolist())]
@@ -75,6 +76,7 @@ def test_a_million_image_list_stays_small_in_the_process_and_its_loader_workers(
     name = "index-train-0.npz"
     index_images.write_index(str(tmp_path / name), samples)
     import tracemalloc
+
     tracemalloc.start()
     with np.load(tmp_path / name) as z:
         loaded = {k: z[k] for k in ("paths", "offsets", "targets", "classes")}
@@ -86,8 +88,13 @@ def test_a_million_image_list_stays_small_in_the_process_and_its_loader_workers(
     # two persistent workers go through the whole list, twice (two epochs)
     step = 20_000
     slices = [(s, min(s + step, IMAGENET_TRAIN)) for s in range(0, IMAGENET_TRAIN, step)]
-    loader = torch.utils.data.DataLoader(Touch(images, slices), batch_size=None, num_workers=2,
-                                         multiprocessing_context="fork", persistent_workers=True)
+    loader = torch.utils.data.DataLoader(
+        Touch(images, slices),
+        batch_size=None,
+        num_workers=2,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+    )
     it = iter(loader)
     total = next(it)
     pids = worker_pids(it)
@@ -95,14 +102,21 @@ def test_a_million_image_list_stays_small_in_the_process_and_its_loader_workers(
     before = {pid: memory_kb(pid) for pid in pids}
     for epoch in range(2):
         total = sum(it) if epoch == 0 else sum(iter(loader))
-    assert worker_pids(loader._iterator) == pids  # persistent: the same processes for the second epoch
+    assert (
+        worker_pids(loader._iterator) == pids
+    )  # persistent: the same processes for the second epoch
     after = {pid: memory_kb(pid) for pid in pids}
     expected = sum(len(images.path(i)) for i in range(len(images)))
     assert total == expected  # the second epoch read every path once
     for pid in pids:
-        uss_growth, pss_growth = (after[pid][0] - before[pid][0]) / 1024, (after[pid][1] - before[pid][1]) / 1024
-        print(f"worker {pid}: USS {before[pid][0] / 1024:.0f} -> {after[pid][0] / 1024:.0f} MB, "
-              f"PSS {before[pid][1] / 1024:.0f} -> {after[pid][1] / 1024:.0f} MB over two epochs")
+        uss_growth, pss_growth = (
+            (after[pid][0] - before[pid][0]) / 1024,
+            (after[pid][1] - before[pid][1]) / 1024,
+        )
+        print(
+            f"worker {pid}: USS {before[pid][0] / 1024:.0f} -> {after[pid][0] / 1024:.0f} MB, "
+            f"PSS {before[pid][1] / 1024:.0f} -> {after[pid][1] / 1024:.0f} MB over two epochs"
+        )
         # a list of (str, int) tuples grew each worker by 83 MB here (measured): every page holding a
         # Python object it touches is copied on the first reference-count change
         assert uss_growth < 16, f"worker {pid}'s unique memory grew by {uss_growth:.0f} MB"
@@ -111,11 +125,25 @@ def test_a_million_image_list_stays_small_in_the_process_and_its_loader_workers(
 
 
 def test_build_loaders_keeps_workers_across_epochs(tiny_data, tmp_path):
-    args = distributed.build_parser().parse_args(["--data", tiny_data, "--image-size", "32", "-j", "1", "-b", "8",
-                                                  "--output-dir", str(tmp_path)])
+    args = distributed.build_parser().parse_args(
+        [
+            "--data",
+            tiny_data,
+            "--image-size",
+            "32",
+            "-j",
+            "1",
+            "-b",
+            "8",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
     distributed.check_args(args, 1)
     train_set, val_set, _, _ = distributed.build_datasets(args, local_rank=0, rank=0)
-    loader, sampler, _ = distributed.build_loaders(train_set, val_set, args, 0, 1, torch.device("cpu"))
+    loader, sampler, _ = distributed.build_loaders(
+        train_set, val_set, args, 0, 1, torch.device("cpu")
+    )
     batches = []
     for epoch in (0, 1, 0):
         sampler.set_epoch(epoch)
@@ -139,7 +167,9 @@ def test_index_beside_the_data_is_read_and_never_stale(tiny_data, tmp_path, monk
     train = os.path.join(data, "train")
     listed, where, _ = distributed.list_images(train)
     assert where is None and len(listed["targets"]) == 48
-    assert not os.path.exists(os.path.join(data, ".image-lists"))  # a training process writes no index
+    assert not os.path.exists(
+        os.path.join(data, ".image-lists")
+    )  # a training process writes no index
     path, _ = index_images.index(train)
     assert os.listdir(os.path.join(data, ".image-lists")) == [os.path.basename(path)]
     again, where, _ = distributed.list_images(train)
@@ -152,7 +182,9 @@ def test_index_beside_the_data_is_read_and_never_stale(tiny_data, tmp_path, monk
 
     # an image added to a class folder: the old index is not read, and indexing again replaces it
     first = sorted(os.listdir(os.path.join(train, "class_000")))[0]
-    shutil.copyfile(os.path.join(train, "class_000", first), os.path.join(train, "class_000", "added.JPEG"))
+    shutil.copyfile(
+        os.path.join(train, "class_000", first), os.path.join(train, "class_000", "added.JPEG")
+    )
     grown, where, why = distributed.list_images(train)
     assert where is None and len(grown["targets"]) == 49 and "is out of date" in why
     assert "class_000/added.JPEG" in ImagePaths(grown)
@@ -177,44 +209,87 @@ def backdate(data):
     """Every folder's modification time an hour back, as on data not written just now: a change made by a test then
     changes a folder's time even on a filesystem whose clock ticks coarsely."""
     for folder, _, _ in os.walk(data):
-        os.utime(folder, ns=(os.stat(folder).st_atime_ns, os.stat(folder).st_mtime_ns - 3600 * 10**9))
+        os.utime(
+            folder, ns=(os.stat(folder).st_atime_ns, os.stat(folder).st_mtime_ns - 3600 * 10**9)
+        )
 
 
-def test_an_image_changed_below_a_class_folder_makes_the_index_untrusted(tiny_data, tmp_path, monkeypatch):
+def test_an_image_changed_below_a_class_folder_makes_the_index_untrusted(
+    tiny_data, tmp_path, monkeypatch
+):
     """Images in subfolders of a class folder count, so the index covers those folders' times too: one added there
     is listed (the index is not read, and the run says why), and one removed there is not asked for."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     data = copy_data(tiny_data, tmp_path / "d")
-    train, jpeg = os.path.join(data, "train"), sorted(glob.glob(os.path.join(data, "train", "*", "*.JPEG")))[0]
+    train, jpeg = (
+        os.path.join(data, "train"),
+        sorted(glob.glob(os.path.join(data, "train", "*", "*.JPEG")))[0],
+    )
     extra = os.path.join(train, "class_000", "extra")
     os.makedirs(extra)
     shutil.copyfile(jpeg, os.path.join(extra, "a.JPEG"))
     backdate(data)
     index_images.index(train)
     samples, where, _ = distributed.list_images(train)
-    assert where is not None and "class_000/extra/a.JPEG" in ImagePaths(samples) and len(samples["targets"]) == 49
+    assert (
+        where is not None
+        and "class_000/extra/a.JPEG" in ImagePaths(samples)
+        and len(samples["targets"]) == 49
+    )
     shutil.copyfile(jpeg, os.path.join(extra, "b.JPEG"))
     grown, where, why = distributed.list_images(train)
-    assert where is None and len(grown["targets"]) == 50 and f"{extra} changed: run tools/index_images.py" in why
+    assert (
+        where is None
+        and len(grown["targets"]) == 50
+        and f"{extra} changed: run tools/index_images.py" in why
+    )
     index_images.index(train)
-    os.remove(os.path.join(extra, "a.JPEG"))  # with the index read, the run would fail on it: "No such file"
-    p = run([PY, os.path.join(ROOT, "distributed.py"), "--data", data, "--image-size", "32", "-j", "0", "-b", "7",
-             "--epochs", "1", "--output-dir", str(tmp_path / "out")])
-    assert "listed the images (" in p.stdout and "is out of date" in p.stdout and ": 49 train, 101 val" in p.stdout
+    os.remove(
+        os.path.join(extra, "a.JPEG")
+    )  # with the index read, the run would fail on it: "No such file"
+    p = run(
+        [
+            PY,
+            os.path.join(ROOT, "distributed.py"),
+            "--data",
+            data,
+            "--image-size",
+            "32",
+            "-j",
+            "0",
+            "-b",
+            "7",
+            "--epochs",
+            "1",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert (
+        "listed the images (" in p.stdout
+        and "is out of date" in p.stdout
+        and ": 49 train, 101 val" in p.stdout
+    )
 
 
-def test_an_image_added_while_the_tool_lists_is_never_left_out_of_its_index(tiny_data, tmp_path, monkeypatch):
+def test_an_image_added_while_the_tool_lists_is_never_left_out_of_its_index(
+    tiny_data, tmp_path, monkeypatch
+):
     """A writer adds an image to a class folder just after the tool has read that folder: the folder's time has
     changed by the end of the listing, so the tool lists again rather than write an index that lacks the image."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     data = copy_data(tiny_data, tmp_path / "d")
-    train, jpeg = os.path.join(data, "train"), sorted(glob.glob(os.path.join(data, "train", "*", "*.JPEG")))[0]
+    train, jpeg = (
+        os.path.join(data, "train"),
+        sorted(glob.glob(os.path.join(data, "train", "*", "*.JPEG")))[0],
+    )
     backdate(data)
     real_scandir, reads = os.scandir, []
 
     class Entries:  # what os.scandir returns, read whole before the writer comes
         def __init__(self, path):
             self.entries = iter(list(real_scandir(path)))
+
         __iter__, __next__ = lambda self: self, lambda self: next(self.entries)
         __enter__, __exit__, close = lambda self: self, lambda self, *_: None, lambda self: None
 
@@ -225,10 +300,15 @@ def test_an_image_added_while_the_tool_lists_is_never_left_out_of_its_index(tiny
             if len(reads) == 2:  # the listing itself (the first read only took the folders' times)
                 shutil.copyfile(jpeg, os.path.join(path, "late.JPEG"))
         return entries
+
     monkeypatch.setattr(os, "scandir", scandir)
     path, samples = index_images.index(train)
     monkeypatch.setattr(os, "scandir", real_scandir)
-    assert len(reads) > 3 and "class_003/late.JPEG" in ImagePaths(samples) and len(samples["targets"]) == 49
+    assert (
+        len(reads) > 3
+        and "class_003/late.JPEG" in ImagePaths(samples)
+        and len(samples["targets"]) == 49
+    )
     again, where, _ = distributed.list_images(train)
     assert where == path and ImagePaths(again) == ImagePaths(samples)
 
@@ -241,7 +321,9 @@ def ImagePaths(samples):
 def test_index_of_read_only_data_goes_to_the_user_cache(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     data = copy_data(tiny_data, tmp_path / "d")
-    (tmp_path / "d" / ".image-lists").write_text("")  # a file where the folder would go: writing there fails
+    (tmp_path / "d" / ".image-lists").write_text(
+        ""
+    )  # a file where the folder would go: writing there fails
     path, samples = index_images.index(os.path.join(data, "val"))
     assert len(samples["targets"]) == 101
     home = str(tmp_path / "home-cache" / "pytorch-distributed")
@@ -261,7 +343,10 @@ def test_several_jobs_indexing_at_once(tiny_data, tmp_path, monkeypatch):
     data = copy_data(tiny_data, tmp_path / "d")
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=index_in_child, args=(os.path.join(data, "train"), queue)) for _ in range(6)]
+    procs = [
+        ctx.Process(target=index_in_child, args=(os.path.join(data, "train"), queue))
+        for _ in range(6)
+    ]
     for p in procs:
         p.start()
     results = [queue.get(timeout=120) for _ in procs]
@@ -269,33 +354,78 @@ def test_several_jobs_indexing_at_once(tiny_data, tmp_path, monkeypatch):
         p.join(timeout=60)
     assert [p.exitcode for p in procs] == [0] * 6
     assert len({(r[1], tuple(r[2])) for r in results}) == 1  # all six have the same list
-    assert len(os.listdir(os.path.join(data, ".image-lists"))) == 1  # one index; the last rename won
-    assert not any(".tmp-" in n for n in os.listdir(os.path.join(data, ".image-lists")))  # no leftovers
-    assert distributed.list_images(os.path.join(data, "train"))[1] is not None  # the file left is whole
+    assert (
+        len(os.listdir(os.path.join(data, ".image-lists"))) == 1
+    )  # one index; the last rename won
+    assert not any(
+        ".tmp-" in n for n in os.listdir(os.path.join(data, ".image-lists"))
+    )  # no leftovers
+    assert (
+        distributed.list_images(os.path.join(data, "train"))[1] is not None
+    )  # the file left is whole
 
 
 def test_index_tool_command_line_and_the_scripts_read_what_it_made(tiny_data, tmp_path):
     data = copy_data(tiny_data, tmp_path / "d")
     p = run([PY, os.path.join(ROOT, "tools", "index_images.py"), data])
     assert "48 images in 7 classes" in p.stdout and "101 images in 7 classes" in p.stdout
-    p = run([PY, os.path.join(ROOT, "distributed.py"), "--data", data, "--image-size", "32", "-j", "0", "-b", "12",
-             "--evaluate", "--output-dir", str(tmp_path / "out")])
-    assert f"read the image lists from {os.path.join(data, '.image-lists')}: 48 train, 101 val" in p.stdout
-    bad = run([PY, os.path.join(ROOT, "tools", "index_images.py"), str(tmp_path / "nowhere")], check=False)
+    p = run(
+        [
+            PY,
+            os.path.join(ROOT, "distributed.py"),
+            "--data",
+            data,
+            "--image-size",
+            "32",
+            "-j",
+            "0",
+            "-b",
+            "12",
+            "--evaluate",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert (
+        f"read the image lists from {os.path.join(data, '.image-lists')}: 48 train, 101 val"
+        in p.stdout
+    )
+    bad = run(
+        [PY, os.path.join(ROOT, "tools", "index_images.py"), str(tmp_path / "nowhere")], check=False
+    )
     assert bad.returncode == 2 and f"{tmp_path / 'nowhere'} is not a folder" in bad.stderr
 
 
 @pytest.mark.parametrize("size", [224])
 def test_make_demo_data_imagenet_is_shaped_like_imagenet(tmp_path, size):
     out = tmp_path / "inet"
-    p = run([PY, os.path.join(ROOT, "tools", "make_demo_data.py"), "--imagenet", "--out", str(out), "--classes", "4",
-             "--train-images", "40", "--val-images", "8", "--jobs", "1"], timeout=300)
+    p = run(
+        [
+            PY,
+            os.path.join(ROOT, "tools", "make_demo_data.py"),
+            "--imagenet",
+            "--out",
+            str(out),
+            "--classes",
+            "4",
+            "--train-images",
+            "40",
+            "--val-images",
+            "8",
+            "--jobs",
+            "1",
+        ],
+        timeout=300,
+    )
     classes = sorted(os.listdir(out / "train"))
-    assert len(classes) == 4 and all(len(c) == 9 and c[0] == "n" and c[1:].isdigit() for c in classes)
+    assert len(classes) == 4 and all(
+        len(c) == 9 and c[0] == "n" and c[1:].isdigit() for c in classes
+    )
     assert sorted(os.listdir(out / "val")) == classes
     files = sorted((out / "train").rglob("*.JPEG")) + sorted((out / "val").rglob("*.JPEG"))
     assert len(files) == 48
     from PIL import Image
+
     sizes = [Image.open(f).size for f in files]
     kb = np.mean([f.stat().st_size for f in files]) / 1000
     # ImageNet: ~110 KB and ~400x350 on average; 48 images leave room for chance

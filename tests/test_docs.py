@@ -5,6 +5,7 @@ folder, an image, a file#heading) in README.md and docs/*.md must resolve in the
 README's two commands, the demo run and the test run, are the ones users copy: they stay
 word for word.
 """
+
 import glob
 import os
 import re
@@ -18,8 +19,10 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 from benchmark_report import ABS_PATH  # noqa: E402
 
 README_MAX_LINES = 250
-DEMO_COMMAND = ("python3 -m venv .venv && .venv/bin/pip install -r requirements.txt && "
-                ".venv/bin/python tools/make_demo_data.py && .venv/bin/torchrun --nproc_per_node=2 distributed.py")
+DEMO_COMMAND = (
+    "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt && "
+    ".venv/bin/python tools/make_demo_data.py && .venv/bin/torchrun --nproc_per_node=2 distributed.py"
+)
 TEST_COMMAND = "bash tools/test.sh"
 
 FENCE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1[^\n]*$", re.M | re.S)
@@ -40,7 +43,9 @@ def prose(text):
 
 def link_targets(text):
     text = prose(text)
-    return [m.group(1) for pattern in (INLINE, REFERENCE, HTML_ATTR) for m in pattern.finditer(text)]
+    return [
+        m.group(1) for pattern in (INLINE, REFERENCE, HTML_ATTR) for m in pattern.finditer(text)
+    ]
 
 
 def anchors(path):
@@ -65,7 +70,9 @@ def broken_links(path, root=ROOT):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("//"):
             continue  # http:, https:, mailto:: not checked here (no network in the tests)
         file_part, _, anchor = target.partition("#")
-        dest = os.path.normpath(os.path.join(os.path.dirname(path), file_part)) if file_part else path
+        dest = (
+            os.path.normpath(os.path.join(os.path.dirname(path), file_part)) if file_part else path
+        )
         if target.startswith("/"):
             broken.append((target, "absolute path: links must be relative to the file"))
         elif not os.path.exists(dest):
@@ -86,12 +93,20 @@ def test_the_link_check_finds_broken_links(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "here.md").write_text("# Here\n\n## A section, with words\n")
     page = tmp_path / "docs" / "page.md"
-    page.write_text("# Page\n\n[ok](here.md) [ok too](here.md#a-section-with-words) ![img](../gone.png)\n"
-                    "[missing](nothere.md) [bad anchor](here.md#nowhere) [web](https://example.org/x)\n"
-                    "`[in code](not-a-link.md)`\n\n```\n[in a block](not-a-link-either.md)\n```\n"
-                    "[ref]: ./missing-ref.md\n<img src=\"pic.png\">\n")
+    page.write_text(
+        "# Page\n\n[ok](here.md) [ok too](here.md#a-section-with-words) ![img](../gone.png)\n"
+        "[missing](nothere.md) [bad anchor](here.md#nowhere) [web](https://example.org/x)\n"
+        "`[in code](not-a-link.md)`\n\n```\n[in a block](not-a-link-either.md)\n```\n"
+        '[ref]: ./missing-ref.md\n<img src="pic.png">\n'
+    )
     found = dict(broken_links(str(page), root=str(tmp_path)))
-    assert set(found) == {"../gone.png", "nothere.md", "here.md#nowhere", "./missing-ref.md", "pic.png"}, found
+    assert set(found) == {
+        "../gone.png",
+        "nothere.md",
+        "here.md#nowhere",
+        "./missing-ref.md",
+        "pic.png",
+    }, found
 
 
 def test_readme_is_a_landing_page_that_links_every_doc():
@@ -109,9 +124,12 @@ def test_readme_keeps_the_two_commands_users_copy():
     assert DEMO_COMMAND in lines and TEST_COMMAND in lines
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "results", "*.md"))),
-                         ids=os.path.basename)
+@pytest.mark.parametrize(
+    "path", sorted(glob.glob(os.path.join(ROOT, "results", "*.md"))), ids=os.path.basename
+)
 def test_committed_reports_show_commands_without_this_machines_paths(path):
     with open(path) as f:
         found = ABS_PATH.findall(f.read())
-    assert found == [], f"{os.path.relpath(path, ROOT)}: write these relative to the checkout: {found}"
+    assert found == [], (
+        f"{os.path.relpath(path, ROOT)}: write these relative to the checkout: {found}"
+    )

@@ -6,6 +6,7 @@ EXACT settings (GroupNorm, no augmentation, float64), as for the other backends;
 runs (tests/fsdp_archs.py) call the script's own distribute(), forward() and full_state() on
 torchvision models of ten families, which the command line would train for minutes at 224 px.
 """
+
 import json
 import os
 import re
@@ -13,15 +14,38 @@ import re
 import pytest
 import torch
 
-from conftest import (EXACT, PARAM_TOL, PY, ROOT, TINY, launch_cmd, max_param_diff, metrics, params, run, script,
-                      torchrun)
+from conftest import (
+    EXACT,
+    PARAM_TOL,
+    PY,
+    ROOT,
+    TINY,
+    launch_cmd,
+    max_param_diff,
+    metrics,
+    params,
+    run,
+    script,
+    torchrun,
+)
 
 EXACT_BUT_BATCHNORM = [a for a in EXACT if a not in ("--norm", "group")]
 
 
 # one of each family; the first five failed at start in bf16 when norm layers were sharded twice
-ARCHS = ["densenet121", "vgg11_bn", "shufflenet_v2_x1_0", "mnasnet0_5", "regnet_y_400mf", "resnet18",
-         "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "vit_b_16", "googlenet"]
+ARCHS = [
+    "densenet121",
+    "vgg11_bn",
+    "shufflenet_v2_x1_0",
+    "mnasnet0_5",
+    "regnet_y_400mf",
+    "resnet18",
+    "mobilenet_v3_small",
+    "efficientnet_b0",
+    "convnext_tiny",
+    "vit_b_16",
+    "googlenet",
+]
 
 
 def fsdp(nproc, *args):
@@ -29,7 +53,9 @@ def fsdp(nproc, *args):
 
 
 def momentum(out_dir):
-    state = torch.load(os.path.join(out_dir, "checkpoint.pth.tar"), map_location="cpu", weights_only=True)
+    state = torch.load(
+        os.path.join(out_dir, "checkpoint.pth.tar"), map_location="cpu", weights_only=True
+    )
     return {k: v["momentum_buffer"] for k, v in state["optimizer"]["state"].items()}
 
 
@@ -37,10 +63,14 @@ def momentum(out_dir):
 def fsdp_runs(tiny_data, tmp_path_factory):
     """FSDP runs of one epoch, made once: by process count. 2 processes accumulate 2 micro-batches a step
     (FSDP's set_requires_gradient_sync): the same parameters as one process's whole batches."""
+
     def make(nproc):
         out = str(tmp_path_factory.mktemp(f"fsdp{nproc}"))
-        run(fsdp(nproc, "--data", tiny_data, *TINY, *EXACT, *ACCUMULATE[nproc], "--output-dir", out))
+        run(
+            fsdp(nproc, "--data", tiny_data, *TINY, *EXACT, *ACCUMULATE[nproc], "--output-dir", out)
+        )
         return out
+
     return {n: make(n) for n in (2, 3)}
 
 
@@ -48,33 +78,96 @@ ACCUMULATE = {2: ["--accum-steps", "2"], 3: []}
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
-def test_sharded_training_gives_the_single_process_parameters_and_momentum(reference, fsdp_runs, nproc):
+def test_sharded_training_gives_the_single_process_parameters_and_momentum(
+    reference, fsdp_runs, nproc
+):
     out = fsdp_runs[nproc]
     row = metrics(out)[-1]
-    assert row["world_size"] == nproc and row["val_images"] == 101  # 101 = 34 + 34 + 33: every image once
+    assert (
+        row["world_size"] == nproc and row["val_images"] == 101
+    )  # 101 = 34 + 34 + 33: every image once
     assert row["val_acc1"] == metrics(reference)[-1]["val_acc1"]
     assert max_param_diff(params(reference), params(out)) < PARAM_TOL
     # the checkpoint holds the whole momentum, gathered from the shards, in torch.optim.SGD's own format
     assert max_param_diff(momentum(reference), momentum(out)) < PARAM_TOL
 
 
-def test_checkpoints_resume_exactly_and_move_between_fsdp_and_ddp(reference, fsdp_runs, tiny_data, tmp_path):
+def test_checkpoints_resume_exactly_and_move_between_fsdp_and_ddp(
+    reference, fsdp_runs, tiny_data, tmp_path
+):
     two_epochs = [*TINY[:-4], "--epochs", "2", "-p", "100"]
     assert TINY[-4:-2] == ["--epochs", "1"]
-    run(fsdp(2, "--data", tiny_data, *two_epochs, *EXACT, *ACCUMULATE[2], "--output-dir", str(tmp_path / "straight")))
+    run(
+        fsdp(
+            2,
+            "--data",
+            tiny_data,
+            *two_epochs,
+            *EXACT,
+            *ACCUMULATE[2],
+            "--output-dir",
+            str(tmp_path / "straight"),
+        )
+    )
     first = os.path.join(fsdp_runs[2], "checkpoint.pth.tar")  # epoch 0 at 2 processes
     # stopped after epoch 0 and resumed: bit for bit the run that never stopped
-    run(fsdp(2, "--data", tiny_data, *two_epochs, *EXACT, *ACCUMULATE[2], "--resume", first,
-             "--output-dir", str(tmp_path / "again")))
-    assert max_param_diff(params(str(tmp_path / "straight")), params(str(tmp_path / "again"))) == 0.0
-    assert max_param_diff(momentum(str(tmp_path / "straight")), momentum(str(tmp_path / "again"))) == 0.0
+    run(
+        fsdp(
+            2,
+            "--data",
+            tiny_data,
+            *two_epochs,
+            *EXACT,
+            *ACCUMULATE[2],
+            "--resume",
+            first,
+            "--output-dir",
+            str(tmp_path / "again"),
+        )
+    )
+    assert (
+        max_param_diff(params(str(tmp_path / "straight")), params(str(tmp_path / "again"))) == 0.0
+    )
+    assert (
+        max_param_diff(momentum(str(tmp_path / "straight")), momentum(str(tmp_path / "again")))
+        == 0.0
+    )
     # FSDP's checkpoint goes on in distributed.py (here one process), and a DDP checkpoint in fsdp_distributed.py
-    run([PY, script("distributed.py"), "--data", tiny_data, *two_epochs, *EXACT, "--resume", first,
-         "--output-dir", str(tmp_path / "ddp")])
-    assert max_param_diff(params(str(tmp_path / "straight")), params(str(tmp_path / "ddp"))) < PARAM_TOL
-    run(fsdp(2, "--data", tiny_data, *two_epochs, *EXACT, "--resume", os.path.join(reference, "checkpoint.pth.tar"),
-             "--output-dir", str(tmp_path / "from_ddp")))
-    assert max_param_diff(params(str(tmp_path / "straight")), params(str(tmp_path / "from_ddp"))) < PARAM_TOL
+    run(
+        [
+            PY,
+            script("distributed.py"),
+            "--data",
+            tiny_data,
+            *two_epochs,
+            *EXACT,
+            "--resume",
+            first,
+            "--output-dir",
+            str(tmp_path / "ddp"),
+        ]
+    )
+    assert (
+        max_param_diff(params(str(tmp_path / "straight")), params(str(tmp_path / "ddp")))
+        < PARAM_TOL
+    )
+    run(
+        fsdp(
+            2,
+            "--data",
+            tiny_data,
+            *two_epochs,
+            *EXACT,
+            "--resume",
+            os.path.join(reference, "checkpoint.pth.tar"),
+            "--output-dir",
+            str(tmp_path / "from_ddp"),
+        )
+    )
+    assert (
+        max_param_diff(params(str(tmp_path / "straight")), params(str(tmp_path / "from_ddp")))
+        < PARAM_TOL
+    )
     # (distributed.py --evaluate gives an FSDP checkpoint FSDP's Acc@1: the bf16 shufflenet test below)
 
 
@@ -86,11 +179,15 @@ def batchnorm_run(tiny_data, tmp_path_factory):
     return out
 
 
-def test_batchnorm_over_shards_differs_so_the_equivalence_check_can_fail(batchnorm_run, tiny_data, tmp_path):
+def test_batchnorm_over_shards_differs_so_the_equivalence_check_can_fail(
+    batchnorm_run, tiny_data, tmp_path
+):
     """BatchNorm normalizes each process's shard by its own statistics: 2 processes must differ from one,
     by far more than PARAM_TOL, or the equivalence test above could not see a broken backend."""
-    run(launch_cmd("python", 1, "distributed.py") + ["--data", tiny_data, *TINY, *EXACT_BUT_BATCHNORM,
-                                                     "--output-dir", str(tmp_path / "bn1")])
+    run(
+        launch_cmd("python", 1, "distributed.py")
+        + ["--data", tiny_data, *TINY, *EXACT_BUT_BATCHNORM, "--output-dir", str(tmp_path / "bn1")]
+    )
     assert max_param_diff(params(str(tmp_path / "bn1")), params(batchnorm_run)) > 1e-3
 
 
@@ -100,7 +197,10 @@ def test_compiled_fsdp_trains_like_eager_and_evaluates(batchnorm_run, tiny_data,
     for dynamic shapes, which Inductor failed on in the first backward. float64, so that a reordered sum stays far
     below PARAM_TOL; compiling takes a few minutes on 2 busy cores."""
     out = str(tmp_path / "compiled")
-    p = run(fsdp(2, "--data", tiny_data, *TINY, *EXACT_BUT_BATCHNORM, "--compile", "--output-dir", out), timeout=900)
+    p = run(
+        fsdp(2, "--data", tiny_data, *TINY, *EXACT_BUT_BATCHNORM, "--compile", "--output-dir", out),
+        timeout=900,
+    )
     assert max_param_diff(params(batchnorm_run), params(out)) < PARAM_TOL
     row = metrics(out)[-1]
     assert row["compile_s"] > 0 and row["val_images"] == 101
@@ -108,19 +208,34 @@ def test_compiled_fsdp_trains_like_eager_and_evaluates(batchnorm_run, tiny_data,
     assert "recompile_limit" not in p.stderr  # every frame compiled: none left to run eagerly
 
 
-def test_validation_pads_the_process_with_a_batch_fewer_and_counts_each_image_once(reference, tiny_data, tmp_path):
+def test_validation_pads_the_process_with_a_batch_fewer_and_counts_each_image_once(
+    reference, tiny_data, tmp_path
+):
     """-b 4 over 2 processes: rank 0 validates 51 images in 26 batches of 2, rank 1 50 in 25, and forwards an
     empty batch 26th, since FSDP's forward gathers parameters from every process. The one-process reference's
     checkpoint evaluates to its Acc@1, each of the 101 images counted once."""
     assert (-(-51 // 2), -(-50 // 2)) == (26, 25)
     batch4 = [a for a in TINY if a not in ("-b", "12")] + ["-b", "4"]
     assert len(batch4) == len(TINY)
-    run(fsdp(2, "--data", tiny_data, *batch4, *EXACT, "--evaluate", "--resume",
-             os.path.join(reference, "checkpoint.pth.tar"), "--output-dir", str(tmp_path)))
+    run(
+        fsdp(
+            2,
+            "--data",
+            tiny_data,
+            *batch4,
+            *EXACT,
+            "--evaluate",
+            "--resume",
+            os.path.join(reference, "checkpoint.pth.tar"),
+            "--output-dir",
+            str(tmp_path),
+        )
+    )
     row = metrics(str(tmp_path))[-1]
     assert row["world_size"] == 2 and row["val_images"] == 101
-    assert row["val_acc1"] == metrics(reference)[-1]["val_acc1"] and row["val_loss"] == pytest.approx(
-        metrics(reference)[-1]["val_loss"], rel=1e-12)
+    assert row["val_acc1"] == metrics(reference)[-1]["val_acc1"] and row[
+        "val_loss"
+    ] == pytest.approx(metrics(reference)[-1]["val_loss"], rel=1e-12)
 
 
 @pytest.fixture(scope="module")
@@ -128,11 +243,16 @@ def arch_runs(tmp_path_factory):
     """tests/fsdp_archs.py in 2 torchrun processes: every architecture of ARCHS in fp32 and bf16."""
     out = tmp_path_factory.mktemp("archs")
     run(torchrun(2) + [os.path.join(ROOT, "tests", "fsdp_archs.py"), str(out), *ARCHS], timeout=600)
-    return {(r["arch"], r["amp"]): r for r in (torch.load(f, weights_only=True) for f in sorted(out.glob("*.pt")))}
+    return {
+        (r["arch"], r["amp"]): r
+        for r in (torch.load(f, weights_only=True) for f in sorted(out.glob("*.pt")))
+    }
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_any_architecture_is_sharded_in_groups_of_at_most_a_tenth_and_trains_as_one_process(arch_runs, arch):
+def test_any_architecture_is_sharded_in_groups_of_at_most_a_tenth_and_trains_as_one_process(
+    arch_runs, arch
+):
     """Every parameter in one group, none over a tenth of the parameters but one that no rule could split (vgg's
     25088 x 4096 Linear, a 3x3 convolution of ResNet-18's last block), as distribute()'s line says. In fp32 one
     step gives the gradients and weights of one unsharded process exactly (measured: equal to the bit); in bf16
@@ -143,10 +263,18 @@ def test_any_architecture_is_sharded_in_groups_of_at_most_a_tenth_and_trains_as_
         total, sizes = r["n_params"], [size for _, size, _ in r["groups"]]
         assert sum(sizes) == total
         assert all(size <= total / 10 or whole for _, size, whole in r["groups"]), r["groups"]
-        assert f"{len(sizes)} FSDP groups, the largest {max(sizes) / total:.1%} of the parameters" in r["printed"]
-        assert r["finite"] and r["momentum_like_params"] and r["weight_dtypes"] == ["torch.float32"], amp
+        assert (
+            f"{len(sizes)} FSDP groups, the largest {max(sizes) / total:.1%} of the parameters"
+            in r["printed"]
+        )
+        assert (
+            r["finite"] and r["momentum_like_params"] and r["weight_dtypes"] == ["torch.float32"]
+        ), amp
     fp32, bf16 = arch_runs[arch, "off"], arch_runs[arch, "bf16"]
-    assert fp32["gradient_error"] < 1e-5 and fp32["weight_error"] < 1e-6, (fp32["gradient_error"], fp32["weight_error"])
+    assert fp32["gradient_error"] < 1e-5 and fp32["weight_error"] < 1e-6, (
+        fp32["gradient_error"],
+        fp32["weight_error"],
+    )
     # at 32 px BatchNorm sees 2 values per channel in the last stages: fp32 leaves rounding residues of ~1e-8
     # of the largest gradient where the exact gradient is 0, which bf16 may round to 0
     top = max(fp32["gradient"])
@@ -165,20 +293,40 @@ def test_vit_and_googlenet_get_block_groups_not_one_root_group(arch_runs):
     assert sum(names[0].startswith("inception") for names, _, _ in googlenet["groups"]) >= 9
 
 
-def test_bf16_policy_trains_with_batchnorm_and_its_checkpoint_evaluates_alike_in_distributed_py(tiny_data, tmp_path):
+def test_bf16_policy_trains_with_batchnorm_and_its_checkpoint_evaluates_alike_in_distributed_py(
+    tiny_data, tmp_path
+):
     """--amp bf16 with BatchNorm and channels_last (on by default with --amp): bf16 weights in BatchNorm fail
     against its fp32 running statistics, and FSDP takes no channels_last parameters; both are handled. The
     model is shufflenet_v2_x1_0, which failed at start in bf16 (a norm layer directly in an nn.Sequential
     sharded twice); distributed.py --evaluate gives its checkpoint the Acc@1 FSDP measured."""
     args = ["--data", tiny_data, *TINY, "-a", "shufflenet_v2_x1_0", "--amp", "bf16"]
     p = run(fsdp(2, *args, "--output-dir", str(tmp_path / "fsdp")))
-    assert re.search(r"^fsdp_distributed.py: \d+ FSDP groups, the largest \d+\.\d% of the parameters$", p.stdout, re.M)
+    assert re.search(
+        r"^fsdp_distributed.py: \d+ FSDP groups, the largest \d+\.\d% of the parameters$",
+        p.stdout,
+        re.M,
+    )
     row = metrics(str(tmp_path / "fsdp"))[-1]
     assert row["amp"] == "bf16" and 0 < row["train_loss"] < 10
     weights = params(str(tmp_path / "fsdp"))
-    assert all(v.dtype == torch.float32 and torch.isfinite(v).all() for v in weights.values() if v.is_floating_point())
-    run([PY, script("distributed.py"), *args, "--evaluate", "--resume", str(tmp_path / "fsdp" / "checkpoint.pth.tar"),
-         "--output-dir", str(tmp_path / "eval")])
+    assert all(
+        v.dtype == torch.float32 and torch.isfinite(v).all()
+        for v in weights.values()
+        if v.is_floating_point()
+    )
+    run(
+        [
+            PY,
+            script("distributed.py"),
+            *args,
+            "--evaluate",
+            "--resume",
+            str(tmp_path / "fsdp" / "checkpoint.pth.tar"),
+            "--output-dir",
+            str(tmp_path / "eval"),
+        ]
+    )
     trained, evaluated = metrics(str(tmp_path / "fsdp"))[-1], metrics(str(tmp_path / "eval"))[-1]
     assert trained["amp"] == "bf16" and evaluated["val_images"] == trained["val_images"] == 101
     assert evaluated["val_acc1"] == trained["val_acc1"]
@@ -190,14 +338,36 @@ def test_fsdp_memory_tool_measures_half_the_training_state_per_process_at_two(tm
     at 2 processes, FSDP's parameters + gradients + momentum per process are about half of DDP's, and the
     report names FSDP's groups as distribute() made them."""
     out = tmp_path / "memory.json"
-    p = run([PY, os.path.join(ROOT, "tools", "fsdp_memory.py"), "--arch", "resnet18", "--size", "32", "--batch", "4",
-             "--steps", "1", "--json", str(out)], timeout=300)
+    p = run(
+        [
+            PY,
+            os.path.join(ROOT, "tools", "fsdp_memory.py"),
+            "--arch",
+            "resnet18",
+            "--size",
+            "32",
+            "--batch",
+            "4",
+            "--steps",
+            "1",
+            "--json",
+            str(out),
+        ],
+        timeout=300,
+    )
     m = json.loads(out.read_text())
     ddp, fsdp_ = m["runs"]["resnet18"]["ddp"], m["runs"]["resnet18"]["fsdp"]
     assert ddp["n_params"] == fsdp_["n_params"] == 11_689_512
-    assert ddp["params"] == 4 * ddp["n_params"] and ddp["buckets"] == ddp["grads"] == ddp["params"]  # fp32, whole
+    assert (
+        ddp["params"] == 4 * ddp["n_params"] and ddp["buckets"] == ddp["grads"] == ddp["params"]
+    )  # fp32, whole
     assert 0.45 < fsdp_["state"] / ddp["state"] < 0.6, (fsdp_["state"], ddp["state"])
     assert fsdp_["buckets"] == 0 and fsdp_["peak"] > 0
-    assert re.fullmatch(r"\d+ FSDP groups, the largest \d+\.\d% of the parameters", fsdp_["groups"]), fsdp_["groups"]
+    assert re.fullmatch(
+        r"\d+ FSDP groups, the largest \d+\.\d% of the parameters", fsdp_["groups"]
+    ), fsdp_["groups"]
     assert f"distribute() made {fsdp_['groups']}" in p.stdout
-    assert "| params + grads + momentum |" in p.stdout and "tools/fsdp_memory.py --arch resnet18" in p.stdout
+    assert (
+        "| params + grads + momentum |" in p.stdout
+        and "tools/fsdp_memory.py --arch resnet18" in p.stdout
+    )

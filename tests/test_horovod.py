@@ -6,6 +6,7 @@ them with a single-process `python distributed.py` reference run with the same a
 unless ALLOW_MISSING_BACKENDS=1 is set (and CI=true is not), in which case they are skipped
 with that reason.
 """
+
 import math
 import os
 import re
@@ -13,8 +14,20 @@ import sys
 
 import pytest
 
-from conftest import (EXACT, PARAM_TOL, PY, TINY, env, max_param_diff, metrics, missing_backend, once, params, run,
-                      script)
+from conftest import (
+    EXACT,
+    PARAM_TOL,
+    PY,
+    TINY,
+    env,
+    max_param_diff,
+    metrics,
+    missing_backend,
+    once,
+    params,
+    run,
+    script,
+)
 
 HOROVODRUN = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "horovodrun")
 # Float32 parameters after 4 SGD steps differ only by the rounding of differently ordered
@@ -34,23 +47,42 @@ def require_horovod():
         except ImportError as e:
             problem = f"horovod.torch cannot be imported ({e})"
     if problem:
-        missing_backend(f"Horovod is not installed: {problem}; run `bash tools/install-horovod.sh`",
-                        "the Horovod tests")
+        missing_backend(
+            f"Horovod is not installed: {problem}; run `bash tools/install-horovod.sh`",
+            "the Horovod tests",
+        )
 
 
 def horovodrun(nproc, args, out):
     require_horovod()
-    cmd = [HOROVODRUN, "-np", str(nproc), "-H", f"localhost:{nproc}", "--gloo",
-           os.path.abspath(sys.executable), script("horovod_distributed.py"), *args, "--output-dir", str(out)]
+    cmd = [
+        HOROVODRUN,
+        "-np",
+        str(nproc),
+        "-H",
+        f"localhost:{nproc}",
+        "--gloo",
+        os.path.abspath(sys.executable),
+        script("horovod_distributed.py"),
+        *args,
+        "--output-dir",
+        str(out),
+    ]
     return run(cmd)
 
 
 def exact_horovod_training(nproc, tiny_data, tmp_path_factory):
     """horovodrun -np N with the reference's arguments (fp16 allreduce off), run once per session
     for the tests that read the same run, whichever worker they run on."""
+
     def make(out):  # 2 processes accumulate 2 micro-batches a step (backward_passes_per_step)
-        horovodrun(nproc, ["--data", tiny_data, *TINY, *EXACT, *(["--accum-steps", "2"] if nproc == 2 else [])], out)
+        horovodrun(
+            nproc,
+            ["--data", tiny_data, *TINY, *EXACT, *(["--accum-steps", "2"] if nproc == 2 else [])],
+            out,
+        )
         return out
+
     return once(f"horovod_exact_{nproc}", make)
 
 
@@ -64,15 +96,18 @@ def reference_evaluation(tiny_data):
     def make(out):  # once per session: the tests below may run on several workers
         run([PY, script("distributed.py"), "--data", tiny_data, *TINY, *EVAL, "--output-dir", out])
         return metrics(out)[-1]
+
     return once("horovod_reference_evaluation", make)
 
 
 def default_horovod_run(tiny_data):
     """horovodrun -np 2 on the default path: BatchNorm, augmentation, and gradients sent as fp16. Made once per
     session: test_parallel_math.py's validation test evaluates its checkpoint."""
+
     def make(out):
         horovodrun(2, ["--data", tiny_data, *TINY, "--seed", "4", "--fp16-allreduce"], out)
         return out
+
     return once("horovod_default", make)
 
 
@@ -87,14 +122,20 @@ def test_horovodrun_2_processes_trains_and_writes_metrics(tiny_data):
 
 
 @pytest.mark.parametrize("nproc", [2, 3])
-def test_training_gives_the_single_process_parameters(reference, tiny_data, tmp_path_factory, nproc):
+def test_training_gives_the_single_process_parameters(
+    reference, tiny_data, tmp_path_factory, nproc
+):
     out = exact_horovod_training(nproc, tiny_data, tmp_path_factory)
     diff = max_param_diff(params(reference), params(out))
     assert diff < PARAM_TOL, f"horovodrun -np {nproc} differs from one process by {diff:.3g}"
     m, r = metrics(out)[-1], metrics(reference)[-1]
     assert m["world_size"] == nproc
     # validation: each of the 101 images once (34 + 34 + 33 at 3 processes), to the one process's figures
-    assert (m["val_images"], m["val_acc1"], m["val_acc5"]) == (VAL_IMAGES, r["val_acc1"], r["val_acc5"])
+    assert (m["val_images"], m["val_acc1"], m["val_acc5"]) == (
+        VAL_IMAGES,
+        r["val_acc1"],
+        r["val_acc5"],
+    )
     assert m["val_loss"] == pytest.approx(r["val_loss"], rel=1e-5)
 
 
@@ -113,7 +154,9 @@ def test_metrics_are_summed_over_processes_exactly_once(reference, tiny_data, tm
     assert m["train_images_per_s"] * m["epoch_time_s"] > timed_images / 2
 
 
-def test_evaluation_takes_no_optimizer_step_and_matches_one_process(reference_evaluation, tiny_data, tmp_path):
+def test_evaluation_takes_no_optimizer_step_and_matches_one_process(
+    reference_evaluation, tiny_data, tmp_path
+):
     """(At 2 and 3 processes the training runs above validate each image once.)"""
     horovodrun(1, ["--data", tiny_data, *TINY, *EVAL], tmp_path)
     (m,) = metrics(tmp_path)
@@ -126,8 +169,16 @@ def test_evaluation_takes_no_optimizer_step_and_matches_one_process(reference_ev
 
 def test_resumed_training_keeps_the_checkpoint_optimizer_state(reference, tiny_data, tmp_path):
     # Horovod's DistributedOptimizer is a new optimizer: it must not drop the loaded momentum
-    args = ["--data", tiny_data, *TINY, *EXACT, "--epochs", "2",
-            "--resume", os.path.join(reference, "checkpoint.pth.tar")]
+    args = [
+        "--data",
+        tiny_data,
+        *TINY,
+        *EXACT,
+        "--epochs",
+        "2",
+        "--resume",
+        os.path.join(reference, "checkpoint.pth.tar"),
+    ]
     run([PY, script("distributed.py"), *args, "--output-dir", str(tmp_path / "ref")])
     horovodrun(2, args, tmp_path / "horovod")
     (m,) = metrics(tmp_path / "horovod")
@@ -140,10 +191,23 @@ def test_without_horovod_exits_with_one_line_saying_how_to_install(tiny_data, tm
     fake = tmp_path / "fake" / "horovod"  # a horovod package whose torch module cannot be imported
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
-    (fake / "torch.py").write_text("raise ImportError('No module named horovod.torch (simulated)')\n")
+    (fake / "torch.py").write_text(
+        "raise ImportError('No module named horovod.torch (simulated)')\n"
+    )
     path = os.pathsep.join([str(fake.parent), *filter(None, [os.environ.get("PYTHONPATH")])])
-    p = run([PY, script("horovod_distributed.py"), "--data", tiny_data, *TINY, "--output-dir", str(tmp_path / "out")],
-            check=False, env=env(PYTHONPATH=path))
+    p = run(
+        [
+            PY,
+            script("horovod_distributed.py"),
+            "--data",
+            tiny_data,
+            *TINY,
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        check=False,
+        env=env(PYTHONPATH=path),
+    )
     assert p.returncode != 0
     lines = p.stderr.splitlines()
     assert len(lines) == 1, p.stderr
@@ -155,13 +219,24 @@ def install_horovod_dry_run(tmp_path, *flags, gpus=0, **extra):
     """tools/install-horovod.sh --dry-run with a fake nvidia-smi that lists `gpus` GPUs on PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    listing = "".join(f"echo 'GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})'\n" for i in range(gpus))
-    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + (listing or "echo 'No devices were found'; exit 6\n"))
+    listing = "".join(
+        f"echo 'GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})'\n" for i in range(gpus)
+    )
+    (bin_dir / "nvidia-smi").write_text(
+        "#!/bin/sh\n" + (listing or "echo 'No devices were found'; exit 6\n")
+    )
     (bin_dir / "nvidia-smi").chmod(0o755)
     cache = tmp_path / "cache"
-    p = run(["bash", script("tools/install-horovod.sh"), "--dry-run", *flags], check=False,
-            env=env(PYTHON=PY, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HOROVOD_WHEEL_CACHE=str(cache),
-                    **extra))
+    p = run(
+        ["bash", script("tools/install-horovod.sh"), "--dry-run", *flags],
+        check=False,
+        env=env(
+            PYTHON=PY,
+            PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            HOROVOD_WHEEL_CACHE=str(cache),
+            **extra,
+        ),
+    )
     assert p.returncode == 0, p.stderr
     config = {}
     for word in p.stdout.split():
@@ -174,10 +249,14 @@ def install_horovod_dry_run(tmp_path, *flags, gpus=0, **extra):
 def nccl_wheel():
     """The nvidia-nccl-cu* wheel torch depends on (its include/ and lib/), or a failure saying so."""
     import torch
+
     if not torch.version.cuda:
-        pytest.fail(f"torch {torch.__version__} is a CPU build: it has no NCCL wheel to build Horovod against",
-                    pytrace=False)
+        pytest.fail(
+            f"torch {torch.__version__} is a CPU build: it has no NCCL wheel to build Horovod against",
+            pytrace=False,
+        )
     import nvidia.nccl
+
     return os.path.realpath(list(nvidia.nccl.__path__)[0])
 
 
@@ -192,6 +271,7 @@ def test_install_horovod_builds_nccl_from_torchs_nccl_wheel_on_gpu_machines(tmp_
     assert config["HOROVOD_NCCL_LINK"] == "SHARED"
     # CUDA kernels only for the architectures this torch supports (nvcc 12+ rejects Horovod's default sm_35)
     import torch
+
     archs = [a[3:] for a in torch.cuda.get_arch_list() if a.startswith("sm_")]
     assert config["HOROVOD_BUILD_CUDA_CC_LIST"].split(",") == archs
     # an NCCL build is cached apart from the CPU build and from builds against another NCCL
@@ -212,7 +292,9 @@ def test_install_horovod_keeps_an_nccl_the_user_names(tmp_path):
     nccl_wheel()
     home = tmp_path / "nccl"
     (home / "include").mkdir(parents=True)
-    (home / "include" / "nccl.h").write_text("#define NCCL_MAJOR 2\n#define NCCL_MINOR 19\n#define NCCL_PATCH 3\n")
+    (home / "include" / "nccl.h").write_text(
+        "#define NCCL_MAJOR 2\n#define NCCL_MINOR 19\n#define NCCL_PATCH 3\n"
+    )
     out, config = install_horovod_dry_run(tmp_path, gpus=1, HOROVOD_NCCL_HOME=str(home))
     assert config["HOROVOD_NCCL_HOME"] == str(home)
     assert config["HOROVOD_NCCL_INCLUDE"] == "unset" and config["HOROVOD_NCCL_LIB"] == "unset"

@@ -20,6 +20,7 @@ two nodes and puts the one-node cluster back): without root these tests skip, sa
 CI=true they fail). The hosts and the cluster are one per machine: this file runs in the "cluster"
 group, holds the hosts' lock while it runs and the cluster's, exclusive, while it has two nodes.
 """
+
 import concurrent.futures
 import contextlib
 import itertools
@@ -33,8 +34,24 @@ import time
 
 import pytest
 
-from conftest import (BIN, CLUSTER, EXACT, PARAM_TOL, PY, ROOT, TINY, cluster_lock, env, hosts_lock, max_param_diff,
-                      metrics, needs_root, params, reference_run, script)
+from conftest import (
+    BIN,
+    CLUSTER,
+    EXACT,
+    PARAM_TOL,
+    PY,
+    ROOT,
+    TINY,
+    cluster_lock,
+    env,
+    hosts_lock,
+    max_param_diff,
+    metrics,
+    needs_root,
+    params,
+    reference_run,
+    script,
+)
 
 HOSTS_SH = os.path.join(ROOT, "tools", "hosts.sh")
 SLURM_LOCAL = os.path.join(ROOT, "tools", "slurm-local.sh")
@@ -50,7 +67,21 @@ DIST = ["--dist-timeout", "120"]
 # checkpoint of epoch 0. A lost peer must end the run within FAULT_TIMEOUT seconds (+ slack for
 # the launcher's exit on a loaded machine).
 FAULT_TIMEOUT = 20
-FAULT = ["--image-size", "16", "-j", "0", "-b", "6", "--epochs", "2", "-p", "1", "--lr-step", "1", *EXACT]
+FAULT = [
+    "--image-size",
+    "16",
+    "-j",
+    "0",
+    "-b",
+    "6",
+    "--epochs",
+    "2",
+    "-p",
+    "1",
+    "--lr-step",
+    "1",
+    *EXACT,
+]
 FAULT_AT = "Epoch [1][2/"
 SLACK = 25
 PORTS = itertools.count(29400)  # ports in node0's namespace, where only these tests listen
@@ -76,8 +107,15 @@ class Node:
 
     def __init__(self, host, cmd, **extra_env):
         self.host, self.cmd, self.lines = host, cmd, []
-        self.p = subprocess.Popen(on(host, cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  cwd=ROOT, env=env(**extra_env), start_new_session=True)
+        self.p = subprocess.Popen(
+            on(host, cmd),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env=env(**extra_env),
+            start_new_session=True,
+        )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
         self.end = None
@@ -116,7 +154,9 @@ class Result:
 
     def report(self):
         return f"{self.name}: exit {self.rcs} after {self.seconds:.0f} s\n" + "\n".join(
-            f"--- {n.host}: {' '.join(n.cmd)}\n{log[-3000:]}" for n, log in zip(self.nodes, self.logs))
+            f"--- {n.host}: {' '.join(n.cmd)}\n{log[-3000:]}"
+            for n, log in zip(self.nodes, self.logs)
+        )
 
     def check(self):
         assert self.rcs == [0] * len(self.rcs), self.report()
@@ -141,9 +181,17 @@ def torchrun_nodes(name, target, out, data, args, rdzv=None, hosts=HOSTS):
     for rank, host in enumerate(hosts):
         launcher = [os.path.join(BIN, "torchrun"), "--nnodes=2", "--nproc_per_node=1"]
         if rdzv == "c10d":
-            launcher += ["--rdzv-backend=c10d", f"--rdzv-endpoint={HOSTS[0]}:{port}", f"--rdzv-id={name}"]
+            launcher += [
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={HOSTS[0]}:{port}",
+                f"--rdzv-id={name}",
+            ]
         else:
-            launcher += [f"--node-rank={rank}", f"--master-addr={HOSTS[0]}", f"--master-port={port}"]
+            launcher += [
+                f"--node-rank={rank}",
+                f"--master-addr={HOSTS[0]}",
+                f"--master-port={port}",
+            ]
         cmds[host] = launcher + [script(target), "--data", data, *args, "--output-dir", out]
     return cmds
 
@@ -159,9 +207,18 @@ class Runs:
 
     def get(self, name):
         if self.futures is None:
-            jobs = {"fault_cut": self.fault_cut, "fault_kill": self.fault_kill, "slurm": self.slurm,
-                    "horovod": self.horovod, "torchrun": self.torchrun, "apex": self.apex, "c10d": self.c10d,
-                    "spawn": self.spawn, "ref": self.ref, "ref_fault": self.ref_fault}
+            jobs = {
+                "fault_cut": self.fault_cut,
+                "fault_kill": self.fault_kill,
+                "slurm": self.slurm,
+                "horovod": self.horovod,
+                "torchrun": self.torchrun,
+                "apex": self.apex,
+                "c10d": self.c10d,
+                "spawn": self.spawn,
+                "ref": self.ref,
+                "ref_fault": self.ref_fault,
+            }
             pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs))
             self.futures = {k: pool.submit(job) for k, job in jobs.items()}
             pool.shutdown(wait=False)
@@ -176,67 +233,149 @@ class Runs:
 
     def _local(self, name, args):
         t = time.monotonic()
-        p = subprocess.run([PY, script("distributed.py"), "--data", self.data, *args, "--output-dir", self.out(name)],
-                           capture_output=True, text=True, cwd=ROOT, env=env(), timeout=TIMEOUT)
+        p = subprocess.run(
+            [
+                PY,
+                script("distributed.py"),
+                "--data",
+                self.data,
+                *args,
+                "--output-dir",
+                self.out(name),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env(),
+            timeout=TIMEOUT,
+        )
         assert p.returncode == 0, f"{name}: {p.stdout[-2000:]}\n{p.stderr[-3000:]}"
         return time.monotonic() - t
 
     # ---- launchers across the two hosts ----
     def torchrun(self):
         out = self.out("torchrun")
-        return run_nodes("torchrun", torchrun_nodes("torchrun", "distributed.py", out, self.data,
-                                                    [*TINY, *EXACT, *DIST]), out)
+        return run_nodes(
+            "torchrun",
+            torchrun_nodes("torchrun", "distributed.py", out, self.data, [*TINY, *EXACT, *DIST]),
+            out,
+        )
 
     def apex(self):
         out = self.out("apex")
-        return run_nodes("apex", torchrun_nodes("apex", "apex_distributed.py", out, self.data,
-                                                [*TINY, *EXACT, *DIST]), out)
+        return run_nodes(
+            "apex",
+            torchrun_nodes("apex", "apex_distributed.py", out, self.data, [*TINY, *EXACT, *DIST]),
+            out,
+        )
 
     def c10d(self):
         out = self.out("c10d")
-        return run_nodes("c10d", torchrun_nodes("c10d", "distributed.py", out, self.data, [*TINY, *EXACT, *DIST],
-                                                rdzv="c10d"), out)
+        return run_nodes(
+            "c10d",
+            torchrun_nodes(
+                "c10d", "distributed.py", out, self.data, [*TINY, *EXACT, *DIST], rdzv="c10d"
+            ),
+            out,
+        )
 
     def spawn(self):
         out, port = self.out("spawn"), next(PORTS)
-        cmds = {host: [PY, script("multiprocessing_distributed.py"), "--world-size", "2", "--rank", str(rank),
-                       "--nprocs", "1", "--dist-url", f"tcp://{HOSTS[0]}:{port}", "--data", self.data, *TINY,
-                       *EXACT, *DIST, "--output-dir", out] for rank, host in enumerate(HOSTS)}
+        cmds = {
+            host: [
+                PY,
+                script("multiprocessing_distributed.py"),
+                "--world-size",
+                "2",
+                "--rank",
+                str(rank),
+                "--nprocs",
+                "1",
+                "--dist-url",
+                f"tcp://{HOSTS[0]}:{port}",
+                "--data",
+                self.data,
+                *TINY,
+                *EXACT,
+                *DIST,
+                "--output-dir",
+                out,
+            ]
+            for rank, host in enumerate(HOSTS)
+        }
         return run_nodes("spawn", cmds, out)
 
     def horovod(self):
         """horovodrun on node0 starts node1's rank through ssh: an sshd in each host, with a host key
         and a client key made here, for root, on a port of the hosts' own."""
         if not os.path.isfile(HOROVODRUN):
-            pytest.fail(f"{HOROVODRUN} does not exist: run `bash tools/install-horovod.sh`", pytrace=False)
+            pytest.fail(
+                f"{HOROVODRUN} does not exist: run `bash tools/install-horovod.sh`", pytrace=False
+            )
         ssh = self.tmp / "ssh"
         (ssh / "bin").mkdir(parents=True)
         for key in ("client_key", "host_key"):
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / key)], check=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / key)], check=True
+            )
         (ssh / "authorized_keys").write_text((ssh / "client_key.pub").read_text())
         (ssh / "sshd_config").write_text(
             f"Port 2222\nHostKey {ssh / 'host_key'}\nAuthorizedKeysFile {ssh / 'authorized_keys'}\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "UsePAM no\nLogLevel ERROR\n"
-            "StrictModes no\n")  # the keys are in a private folder under the world-writable /tmp
+            "StrictModes no\n"
+        )  # the keys are in a private folder under the world-writable /tmp
         # horovodrun's ssh accepts unknown host keys; this keeps them out of root's known_hosts
         client = shutil.which("ssh")
         assert client, "no ssh client: apt-get install openssh-client"
-        (ssh / "bin" / "ssh").write_text(f'#!/bin/sh\nexec {client} -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "$@"\n')
+        (ssh / "bin" / "ssh").write_text(
+            f'#!/bin/sh\nexec {client} -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "$@"\n'
+        )
         os.chmod(ssh / "bin" / "ssh", 0o755)
         os.makedirs("/run/sshd", exist_ok=True)
         sshd = "/usr/sbin/sshd"
-        assert os.path.isfile(sshd), f"{sshd} is missing: apt-get install openssh-server (tools/test.sh does)"
+        assert os.path.isfile(sshd), (
+            f"{sshd} is missing: apt-get install openssh-server (tools/test.sh does)"
+        )
         for host in HOSTS:
-            subprocess.run(on(host, [sshd, "-f", str(ssh / "sshd_config"), "-o", f"PidFile={ssh}/sshd-{host}.pid"]),
-                           check=True, timeout=30)
+            subprocess.run(
+                on(
+                    host,
+                    [sshd, "-f", str(ssh / "sshd_config"), "-o", f"PidFile={ssh}/sshd-{host}.pid"],
+                ),
+                check=True,
+                timeout=30,
+            )
         out = self.out("horovod")
         try:
-            cmd = [HOROVODRUN, "-np", "2", "-H", ",".join(f"{h}:1" for h in HOSTS), "--gloo", "-p", "2222",
-                   "-i", str(ssh / "client_key"), "--start-timeout", "120", PY, script("horovod_distributed.py"),
-                   "--data", self.data, *TINY, *EXACT, "--output-dir", out]
-            return run_nodes("horovod", {HOSTS[0]: cmd}, out,
-                             PATH=f"{ssh / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+            cmd = [
+                HOROVODRUN,
+                "-np",
+                "2",
+                "-H",
+                ",".join(f"{h}:1" for h in HOSTS),
+                "--gloo",
+                "-p",
+                "2222",
+                "-i",
+                str(ssh / "client_key"),
+                "--start-timeout",
+                "120",
+                PY,
+                script("horovod_distributed.py"),
+                "--data",
+                self.data,
+                *TINY,
+                *EXACT,
+                "--output-dir",
+                out,
+            ]
+            return run_nodes(
+                "horovod",
+                {HOSTS[0]: cmd},
+                out,
+                PATH=f"{ssh / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+            )
         finally:
             for host in HOSTS:
                 with contextlib.suppress(OSError, ValueError):
@@ -249,26 +388,48 @@ class Runs:
         with cluster_lock(exclusive=True, timeout=TIMEOUT):
             waited = time.monotonic() - t
             try:
-                up = subprocess.run(["bash", SLURM_LOCAL, "up", "--nodes", "2"], capture_output=True, text=True,
-                                    timeout=180)
-                assert up.returncode == 0, f"slurm-local.sh up --nodes 2 failed:\n{up.stderr[-3000:]}"
+                up = subprocess.run(
+                    ["bash", SLURM_LOCAL, "up", "--nodes", "2"],
+                    capture_output=True,
+                    text=True,
+                    timeout=180,
+                )
+                assert up.returncode == 0, (
+                    f"slurm-local.sh up --nodes 2 failed:\n{up.stderr[-3000:]}"
+                )
                 return dict(waited=waited, **self._slurm_jobs())
             finally:
-                back = subprocess.run(["bash", SLURM_LOCAL, "up"], capture_output=True, text=True, timeout=180)
-                assert back.returncode == 0, f"slurm-local.sh up (back to one node) failed:\n{back.stderr[-3000:]}"
+                back = subprocess.run(
+                    ["bash", SLURM_LOCAL, "up"], capture_output=True, text=True, timeout=180
+                )
+                assert back.returncode == 0, (
+                    f"slurm-local.sh up (back to one node) failed:\n{back.stderr[-3000:]}"
+                )
 
     def _slurm_jobs(self):
         def slurm(cmd):
-            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env(PYTHON=PY), timeout=TIMEOUT)
+            p = subprocess.run(
+                cmd, capture_output=True, text=True, cwd=ROOT, env=env(PYTHON=PY), timeout=TIMEOUT
+            )
             return dict(rc=p.returncode, stdout=p.stdout, stderr=p.stderr)
 
         srun = ["srun", "--quiet", "--kill-on-bad-exit=1", "-N2", "--ntasks-per-node=1"]
         train = ["--data", self.data, *TINY, *EXACT, *DIST]
         cmds = {
             "hostname": ["srun", "--quiet", "-N2", "-n2", "hostname"],
-            "srun": srun + [PY, script("distributed_slurm_main.py"), *train, "--output-dir", self.out("srun")],
-            "sbatch": ["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=1", f"--output={self.tmp / 'sbatch.out'}",
-                       os.path.join(ROOT, "slurm", "train-cpu.sbatch"), self.data, self.out("sbatch"), *train[2:]],
+            "srun": srun
+            + [PY, script("distributed_slurm_main.py"), *train, "--output-dir", self.out("srun")],
+            "sbatch": [
+                "sbatch",
+                "--wait",
+                "--nodes=2",
+                "--ntasks-per-node=1",
+                f"--output={self.tmp / 'sbatch.out'}",
+                os.path.join(ROOT, "slurm", "train-cpu.sbatch"),
+                self.data,
+                self.out("sbatch"),
+                *train[2:],
+            ],
         }
         with concurrent.futures.ThreadPoolExecutor(len(cmds)) as pool:
             futures = {k: pool.submit(slurm, c) for k, c in cmds.items()}
@@ -286,8 +447,14 @@ class Runs:
         or node1 loses every process of the job;
         then the same job, resumed from the checkpoint on both hosts."""
         out, hosts = self.out(f"fault_{kind}"), CUT_HOSTS if kind == "cut" else HOSTS
-        cmds = torchrun_nodes(f"fault_{kind}", "distributed.py", out, self.data,
-                              [*FAULT, "--dist-timeout", str(FAULT_TIMEOUT)], hosts=hosts)
+        cmds = torchrun_nodes(
+            f"fault_{kind}",
+            "distributed.py",
+            out,
+            self.data,
+            [*FAULT, "--dist-timeout", str(FAULT_TIMEOUT)],
+            hosts=hosts,
+        )
         t = time.monotonic()
         nodes = [Node(host, cmd) for host, cmd in cmds.items()]
         victim = hosts[1]
@@ -297,7 +464,9 @@ class Runs:
             if saw and kind == "cut":
                 subprocess.run(["ip", "link", "set", f"veth-{victim}", "down"], check=True)
             elif saw:
-                pids = subprocess.run(["ip", "netns", "pids", victim], capture_output=True, text=True).stdout.split()
+                pids = subprocess.run(
+                    ["ip", "netns", "pids", victim], capture_output=True, text=True
+                ).stdout.split()
                 for pid in pids:  # every process of this job on the host: launcher and worker
                     with contextlib.suppress(OSError):
                         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -308,17 +477,35 @@ class Runs:
             kill_tagged(out)
             if kind == "cut":
                 subprocess.run(["ip", "link", "set", f"veth-{victim}", "up"], check=True)
-        faulted = Result(f"fault_{kind}", nodes, rcs, time.monotonic() - t, saw=saw, t_fault=t_fault,
-                         exit_s=[(n.end or time.monotonic()) - t_fault for n in nodes])
+        faulted = Result(
+            f"fault_{kind}",
+            nodes,
+            rcs,
+            time.monotonic() - t,
+            saw=saw,
+            t_fault=t_fault,
+            exit_s=[(n.end or time.monotonic()) - t_fault for n in nodes],
+        )
         ckpt = os.path.join(out, "checkpoint.pth.tar")
         epoch = params_epoch(ckpt)
-        resumed = run_nodes(f"resume_{kind}", torchrun_nodes(f"resume_{kind}", "distributed.py", out, self.data,
-                                                             [*FAULT, *DIST, "--resume", ckpt], hosts=hosts), out)
+        resumed = run_nodes(
+            f"resume_{kind}",
+            torchrun_nodes(
+                f"resume_{kind}",
+                "distributed.py",
+                out,
+                self.data,
+                [*FAULT, *DIST, "--resume", ckpt],
+                hosts=hosts,
+            ),
+            out,
+        )
         return faulted, epoch, resumed
 
 
 def params_epoch(path):
     import torch
+
     if not os.path.exists(path):
         return None
     return torch.load(path, map_location="cpu", weights_only=True)["epoch"]
@@ -327,9 +514,16 @@ def params_epoch(path):
 @pytest.fixture(scope="module")
 def hosts():
     needs_root("network namespaces for the test hosts (tools/hosts.sh)")
-    with hosts_lock():  # another session's multi-host tests wait: the link cut would disturb their runs
+    with (
+        hosts_lock()
+    ):  # another session's multi-host tests wait: the link cut would disturb their runs
         before = subprocess.run(["bash", HOSTS_SH, "status"], capture_output=True, text=True)
-        p = subprocess.run(["bash", HOSTS_SH, "up", str(len(ALL_HOSTS))], capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            ["bash", HOSTS_SH, "up", str(len(ALL_HOSTS))],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert p.returncode == 0, f"tools/hosts.sh up {len(ALL_HOSTS)} failed: {p.stderr}"
         yield ALL_HOSTS
         if before.returncode != 0:  # made here: removed here
@@ -346,25 +540,42 @@ def runs(hosts, tiny_data, tmp_path_factory):
 
 # ---- the hosts ----
 
+
 def test_each_host_has_its_own_name_and_address_and_knows_the_others(hosts):
     for i, host in enumerate(hosts):
-        p = subprocess.run(on(host, ["sh", "-c", f"hostname; getent hosts {' '.join(hosts)}; ip -4 -br addr show eth0"]),
-                           capture_output=True, text=True, timeout=30)
+        p = subprocess.run(
+            on(
+                host,
+                ["sh", "-c", f"hostname; getent hosts {' '.join(hosts)}; ip -4 -br addr show eth0"],
+            ),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         lines = p.stdout.splitlines()
         assert lines[0] == host, p.stdout + p.stderr
-        assert [line.split() for line in lines[1:-1]] == [[f"10.213.7.{j + 1}", h] for j, h in enumerate(hosts)], \
-            p.stdout
+        assert [line.split() for line in lines[1:-1]] == [
+            [f"10.213.7.{j + 1}", h] for j, h in enumerate(hosts)
+        ], p.stdout
         assert f"10.213.7.{i + 1}/24" in lines[-1], p.stdout
     # no route leaves the hosts: an outside address is unreachable, not merely unanswered
-    p = subprocess.run(on(hosts[1], [PY, "-c", "import socket; socket.create_connection(('192.0.2.1', 53), 3)"]),
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        on(hosts[1], [PY, "-c", "import socket; socket.create_connection(('192.0.2.1', 53), 3)"]),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert "Network is unreachable" in p.stderr, p.stderr
 
 
 def test_hosts_tool_is_idempotent(hosts):
-    p = subprocess.run(["bash", HOSTS_SH, "up", str(len(hosts))], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        ["bash", HOSTS_SH, "up", str(len(hosts))], capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
-    status = subprocess.run(["bash", HOSTS_SH, "status"], capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        ["bash", HOSTS_SH, "status"], capture_output=True, text=True, timeout=60
+    )
     assert status.returncode == 0 and status.stdout.count("link up") == len(hosts), status.stdout
 
 
@@ -372,18 +583,27 @@ def test_hosts_tool_says_in_one_line_when_not_root():
     """Run as another user (root drops to nobody; anyone else runs it as themselves). The checkout may
     be unreadable to nobody (a clone under a 0700 home), so the tool runs from a copy in a folder
     everyone can read, as a user's own copy would."""
-    with tempfile.TemporaryDirectory(prefix="hosts-not-root-", dir="/tmp") as d:  # not $TMPDIR: may be private
+    with tempfile.TemporaryDirectory(
+        prefix="hosts-not-root-", dir="/tmp"
+    ) as d:  # not $TMPDIR: may be private
         os.chmod(d, 0o755)
         tool = os.path.join(d, "hosts.sh")
         shutil.copy(HOSTS_SH, tool)
         os.chmod(tool, 0o755)
-        as_other = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
-        p = subprocess.run([*as_other, "bash", tool, "up", "2"], capture_output=True, text=True, timeout=60, cwd=d)
+        as_other = (
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            if os.geteuid() == 0
+            else []
+        )
+        p = subprocess.run(
+            [*as_other, "bash", tool, "up", "2"], capture_output=True, text=True, timeout=60, cwd=d
+        )
     assert p.returncode != 0
     assert p.stderr.count("\n") == 1 and "must run as root" in p.stderr, p.stderr
 
 
 # ---- training across the hosts ----
+
 
 def assert_like_one_process(runs, out, world_size=2):
     ref = runs.get("ref")
@@ -391,7 +611,11 @@ def assert_like_one_process(runs, out, world_size=2):
     assert diff < PARAM_TOL, f"{out} differs from one process by {diff:.3g}"
     m, r = metrics(out)[-1], metrics(ref)[-1]
     assert m["world_size"] == world_size
-    assert (m["val_images"], m["val_acc1"], m["val_acc5"]) == (VAL_IMAGES, r["val_acc1"], r["val_acc5"])
+    assert (m["val_images"], m["val_acc1"], m["val_acc5"]) == (
+        VAL_IMAGES,
+        r["val_acc1"],
+        r["val_acc5"],
+    )
 
 
 @pytest.mark.parametrize("name", ["torchrun", "apex", "c10d", "spawn"])
@@ -429,22 +653,30 @@ def test_slurm_two_nodes_train_the_one_process_model(runs, how):
 
 # ---- faults ----
 
+
 @pytest.mark.parametrize("kind", ["cut", "kill"])
 def test_a_lost_host_ends_the_job_in_bounded_time_and_the_resumed_job_matches(runs, kind):
     faulted, epoch, resumed = runs.get(f"fault_{kind}")
     assert faulted.info["saw"], faulted.report()
-    survivors = faulted.nodes if kind == "cut" else faulted.nodes[:1]  # a cut-off host is a survivor too
+    survivors = (
+        faulted.nodes if kind == "cut" else faulted.nodes[:1]
+    )  # a cut-off host is a survivor too
     for node, rc, exit_s in zip(faulted.nodes, faulted.rcs, faulted.info["exit_s"]):
         if node not in survivors:
             continue
         assert rc not in (0, "timeout"), faulted.report()  # it failed, it did not hang
-        assert exit_s < FAULT_TIMEOUT + SLACK, f"{node.host} ended {exit_s:.0f} s after the fault\n{faulted.report()}"
+        assert exit_s < FAULT_TIMEOUT + SLACK, (
+            f"{node.host} ended {exit_s:.0f} s after the fault\n{faulted.report()}"
+        )
         after = "".join(line for t, line in node.lines if t > faulted.info["t_fault"])
         assert "Epoch [1][8/" not in after, faulted.report()
         ours = [line for line in after.splitlines() if line.startswith("distributed.py: error: ")]
         assert len(ours) == 1, faulted.report()
-        expected = "no answer from another process within --dist-timeout" if kind == "cut" else \
-            "lost another process"
+        expected = (
+            "no answer from another process within --dist-timeout"
+            if kind == "cut"
+            else "lost another process"
+        )
         assert expected in ours[0], faulted.report()
         assert "[rank" not in after, faulted.report()  # no traceback from the training process
     assert epoch == 1, f"checkpoint after the fault is of epoch {epoch}, not the end of epoch 0"
@@ -452,4 +684,6 @@ def test_a_lost_host_ends_the_job_in_bounded_time_and_the_resumed_job_matches(ru
     assert "start epoch 1" in resumed.logs[0], resumed.report()
     runs.get("ref_fault")
     diff = max_param_diff(params(runs.out("ref_fault")), params(runs.out(f"fault_{kind}")))
-    assert diff < PARAM_TOL, f"resumed after a {kind}: differs from the uninterrupted run by {diff:.3g}"
+    assert diff < PARAM_TOL, (
+        f"resumed after a {kind}: differs from the uninterrupted run by {diff:.3g}"
+    )

@@ -4,6 +4,7 @@ Real processes on CPU (gloo). Crashes are SIGKILLs of one worker process, found 
 /proc as a child of the launcher whose command line holds the script, at a line of the
 training log; times are measured from the kill.
 """
+
 import contextlib
 import os
 import pathlib
@@ -19,18 +20,48 @@ import time
 import pytest
 import torch
 
-from conftest import BIN, PY, ROOT, env, error_lines, free_port, max_param_diff, once, params, run, script, torchrun
+from conftest import (
+    BIN,
+    PY,
+    ROOT,
+    env,
+    error_lines,
+    free_port,
+    max_param_diff,
+    once,
+    params,
+    run,
+    script,
+    torchrun,
+)
 
 # 48 training images in a global batch of 4: 12 steps per epoch, a log line per step.
-RESUME = ["--image-size", "16", "-j", "0", "-b", "4", "--epochs", "2", "-p", "1", "--lr-step", "1",
-          "--deterministic", "--seed", "5"]
+RESUME = [
+    "--image-size",
+    "16",
+    "-j",
+    "0",
+    "-b",
+    "4",
+    "--epochs",
+    "2",
+    "-p",
+    "1",
+    "--lr-step",
+    "1",
+    "--deterministic",
+    "--seed",
+    "5",
+]
 KILL_AT = "Epoch [1][3/"  # mid-epoch 1, after the checkpoint of epoch 0
 FIGURES = {}  # measured by the tests, printed after them (pytest -s shows them)
 
 
 def teardown_module():
     if FIGURES:
-        sys.__stdout__.write("\nreliability figures: " + ", ".join(f"{k} {v:g}" for k, v in FIGURES.items()) + "\n")
+        sys.__stdout__.write(
+            "\nreliability figures: " + ", ".join(f"{k} {v:g}" for k, v in FIGURES.items()) + "\n"
+        )
 
 
 def workers(launcher_pid, name):
@@ -59,10 +90,21 @@ def run_and_kill(cmd, rank, at=KILL_AT, timeout=240, **env_extra):
     """Starts `cmd`, reads its log line by line and SIGKILLs worker `rank` at the first line
     holding `at`. Returns (exit status, [(seconds since the kill, line)], seconds from the kill
     to the launcher's exit)."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                         env=env(**env_extra), start_new_session=True)
-    tag = cmd[cmd.index("--output-dir") + 1]  # unique to this run: finds its processes, even orphaned ones
-    watchdog = threading.Timer(timeout, kill_all, (p, tag))  # a hang fails the test instead of blocking it
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=env(**env_extra),
+        start_new_session=True,
+    )
+    tag = cmd[
+        cmd.index("--output-dir") + 1
+    ]  # unique to this run: finds its processes, even orphaned ones
+    watchdog = threading.Timer(
+        timeout, kill_all, (p, tag)
+    )  # a hang fails the test instead of blocking it
     watchdog.start()
     t_kill, lines = None, []
     try:
@@ -98,39 +140,56 @@ def kill_all(p, tag):
 
 
 def train_cmd(tiny_data, out, *extra, nproc=2, launcher=()):
-    return torchrun(nproc, *launcher) + [script("distributed.py"), "--data", tiny_data, *RESUME,
-                                         "--output-dir", str(out), *extra]
+    return torchrun(nproc, *launcher) + [
+        script("distributed.py"),
+        "--data",
+        tiny_data,
+        *RESUME,
+        "--output-dir",
+        str(out),
+        *extra,
+    ]
 
 
 # The runs that several tests read are made once per session (conftest.once), whichever worker
 # runs the first of them; a test that writes into one works on a copy.
+
 
 @pytest.fixture(scope="session")
 def uninterrupted(tiny_data):
     def make(out):
         run(train_cmd(tiny_data, out))
         return out
+
     return params(once("reliability_uninterrupted", make))
 
 
 @pytest.fixture(scope="session")
 def killed_run(tiny_data):
     """A 2-process torchrun run whose rank 1 is SIGKILLed in the middle of epoch 1."""
+
     def make(out):
         rc, lines, exit_s = run_and_kill(train_cmd(tiny_data, out), rank=1)
         return dict(out=out, rc=rc, lines=lines, exit_s=exit_s)
+
     return once("reliability_killed_run", make)
 
 
 # ---- 1. exact resume ----
 
-def test_run_killed_mid_epoch_and_resumed_ends_with_identical_parameters(tiny_data, uninterrupted, killed_run,
-                                                                          tmp_path):
+
+def test_run_killed_mid_epoch_and_resumed_ends_with_identical_parameters(
+    tiny_data, uninterrupted, killed_run, tmp_path
+):
     out = tmp_path / "killed"  # the resume writes into the run's folder: a copy of the shared one
     shutil.copytree(killed_run["out"], out)
     assert killed_run["rc"] != 0
-    ckpt = torch.load(os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=True)
-    assert ckpt["epoch"] == 1  # the latest checkpoint is the end of epoch 0: the kill came in epoch 1
+    ckpt = torch.load(
+        os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=True
+    )
+    assert (
+        ckpt["epoch"] == 1
+    )  # the latest checkpoint is the end of epoch 0: the kill came in epoch 1
     p = run(train_cmd(tiny_data, out, "--resume", os.path.join(out, "checkpoint.pth.tar")))
     assert "start epoch 1" in next(line for line in p.stdout.splitlines() if "process(es)" in line)
     diff = max_param_diff(params(str(out)), uninterrupted)
@@ -140,8 +199,10 @@ def test_run_killed_mid_epoch_and_resumed_ends_with_identical_parameters(tiny_da
 
 # ---- 2. automatic restart ----
 
-def test_torchrun_max_restarts_resumes_by_itself_and_matches_uninterrupted_run(tiny_data, uninterrupted,
-                                                                                tmp_path):
+
+def test_torchrun_max_restarts_resumes_by_itself_and_matches_uninterrupted_run(
+    tiny_data, uninterrupted, tmp_path
+):
     cmd = train_cmd(tiny_data, tmp_path, "--auto-resume", launcher=["--max-restarts=1"])
     # torchrun's default store, shared across restarts, keeps the old processes' addresses
     rc, lines, _ = run_and_kill(cmd, rank=0, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
@@ -155,9 +216,17 @@ def test_torchrun_max_restarts_resumes_by_itself_and_matches_uninterrupted_run(t
 
 # ---- 3. no hangs ----
 
+
 def start(cmd, **kw):
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                            start_new_session=True, **kw)
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+        **kw,
+    )
 
 
 def finish(p, t0, timeout=120):
@@ -172,12 +241,24 @@ def finish(p, t0, timeout=120):
 @pytest.fixture(scope="session")
 def failed_starts(tiny_data):
     """Launches that cannot form their group, started together (they mostly wait)."""
-    return once("reliability_failed_starts", lambda tmp: start_failing(tiny_data, pathlib.Path(tmp)))
+    return once(
+        "reliability_failed_starts", lambda tmp: start_failing(tiny_data, pathlib.Path(tmp))
+    )
 
 
 def start_failing(tiny_data, tmp):
-    mp = [PY, script("multiprocessing_distributed.py"), "--data", tiny_data, "--image-size", "32", "-j", "0",
-          "--dist-timeout", "10"]
+    mp = [
+        PY,
+        script("multiprocessing_distributed.py"),
+        "--data",
+        tiny_data,
+        "--image-size",
+        "32",
+        "-j",
+        "0",
+        "--dist-timeout",
+        "10",
+    ]
     holder = socket.socket()  # another program listening on the port rank 0 wants for its store
     holder.bind(("127.0.0.1", 0))
     holder.listen()
@@ -185,16 +266,58 @@ def start_failing(tiny_data, tmp):
     t0 = time.monotonic()
     procs = {
         # node 0 of two: node 1 never comes
-        "never_joins": start(mp + ["--world-size", "2", "--rank", "0", "--nprocs", "1",
-                                   "--dist-url", f"tcp://127.0.0.1:{free_port()}", "--output-dir", str(tmp / "a")],
-                             env=env()),
-        "port_in_use": start(mp + ["--nprocs", "1", "--dist-url", f"tcp://127.0.0.1:{busy}",
-                                   "--output-dir", str(tmp / "b")], env=env()),
+        "never_joins": start(
+            mp
+            + [
+                "--world-size",
+                "2",
+                "--rank",
+                "0",
+                "--nprocs",
+                "1",
+                "--dist-url",
+                f"tcp://127.0.0.1:{free_port()}",
+                "--output-dir",
+                str(tmp / "a"),
+            ],
+            env=env(),
+        ),
+        "port_in_use": start(
+            mp
+            + [
+                "--nprocs",
+                "1",
+                "--dist-url",
+                f"tcp://127.0.0.1:{busy}",
+                "--output-dir",
+                str(tmp / "b"),
+            ],
+            env=env(),
+        ),
         # one process started by hand with the environment of a world of two
-        "world_size_mismatch": start([PY, script("distributed.py"), "--data", tiny_data, "--image-size", "32",
-                                      "-j", "0", "--dist-timeout", "10", "--output-dir", str(tmp / "c")],
-                                     env=env(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                                             MASTER_PORT=str(free_port()))),
+        "world_size_mismatch": start(
+            [
+                PY,
+                script("distributed.py"),
+                "--data",
+                tiny_data,
+                "--image-size",
+                "32",
+                "-j",
+                "0",
+                "--dist-timeout",
+                "10",
+                "--output-dir",
+                str(tmp / "c"),
+            ],
+            env=env(
+                RANK="0",
+                WORLD_SIZE="2",
+                LOCAL_RANK="0",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(free_port()),
+            ),
+        ),
     }
     try:
         return {name: finish(p, t0) for name, p in procs.items()}
@@ -224,16 +347,36 @@ def test_torchrun_ends_the_job_soon_after_a_rank_dies(killed_run):
     after = "".join(line for t, line in killed_run["lines"] if t > 0)
     assert "Epoch [2]" not in after, after[-3000:]
     assert "[rank" not in after, after[-3000:]  # no traceback from the rank that lost its peer
-    assert len(error_lines(after)) <= 1, after[-3000:]  # it says so in one line, or torchrun stopped it first
+    assert len(error_lines(after)) <= 1, after[
+        -3000:
+    ]  # it says so in one line, or torchrun stopped it first
 
 
 def test_back_to_back_launches_on_one_port_all_succeed(tiny_data, tmp_path):
     """A port freed by one job is usable by the next one at once: 2 launches in a row on the same port."""
     port = free_port()
     for i in range(2):
-        run([os.path.join(BIN, "torchrun"), "--nnodes=1", "--nproc_per_node=2", f"--master-port={port}",
-             script("distributed.py"), "--data", tiny_data, "--image-size", "16", "-j", "0", "-b", "12",
-             "--evaluate", "--output-dir", str(tmp_path)], timeout=120)
+        run(
+            [
+                os.path.join(BIN, "torchrun"),
+                "--nnodes=1",
+                "--nproc_per_node=2",
+                f"--master-port={port}",
+                script("distributed.py"),
+                "--data",
+                tiny_data,
+                "--image-size",
+                "16",
+                "-j",
+                "0",
+                "-b",
+                "12",
+                "--evaluate",
+                "--output-dir",
+                str(tmp_path),
+            ],
+            timeout=120,
+        )
     with open(tmp_path / "metrics.jsonl") as f:
         assert len(f.readlines()) == 2
 
@@ -265,13 +408,22 @@ for line in sys.stdin:  # one writer child per line, killed by the test
 def test_checkpoint_killed_while_being_written_leaves_the_previous_one_loadable(tmp_path):
     out = tmp_path / "out"
     os.makedirs(out)  # the scripts make it before training
-    p = subprocess.Popen([PY, "-c", WRITER, ROOT, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True, cwd=ROOT, env=env(), start_new_session=True)
+    p = subprocess.Popen(
+        [PY, "-c", WRITER, ROOT, str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env(),
+        start_new_session=True,
+    )
     rng = random.Random(0)
     next_i, killed_mid_write = 0, 0
     # a killed writer leaves its temporary file, named after the host: the next save on the host replaces it,
     # so however many writers die, there is at most one temporary file per checkpoint
-    temporary = {f"{n}.tmp-{socket.gethostname()}" for n in ("checkpoint.pth.tar", "model_best.pth.tar")}
+    temporary = {
+        f"{n}.tmp-{socket.gethostname()}" for n in ("checkpoint.pth.tar", "model_best.pth.tar")
+    }
     try:
         for kill in range(6):
             p.stdin.write(f"{next_i}\n")
@@ -282,7 +434,9 @@ def test_checkpoint_killed_while_being_written_leaves_the_previous_one_loadable(
                 time.sleep(rng.uniform(0, 0.4))
             else:  # while a temporary file is being written (model_best's hard link leaves a short window)
                 deadline = time.monotonic() + 10
-                while not any(".tmp-" in n for n in os.listdir(out)) and time.monotonic() < deadline:
+                while (
+                    not any(".tmp-" in n for n in os.listdir(out)) and time.monotonic() < deadline
+                ):
                     time.sleep(0.0005)
             os.kill(child, signal.SIGKILL)
             for line in iter(p.stdout.readline, "reaped\n"):
@@ -292,7 +446,10 @@ def test_checkpoint_killed_while_being_written_leaves_the_previous_one_loadable(
             killed_mid_write += bool(names)
             for name in ("checkpoint.pth.tar", "model_best.pth.tar"):
                 ckpt = torch.load(out / name, map_location="cpu", weights_only=True)
-                assert ckpt["i"] in (saved[-1], saved[-1] + 1)  # the last complete save, or one renamed in time
+                assert ckpt["i"] in (
+                    saved[-1],
+                    saved[-1] + 1,
+                )  # the last complete save, or one renamed in time
                 assert bool((ckpt["x"] == ckpt["i"]).all())
             next_i = saved[-1] + 1000
     finally:
@@ -310,8 +467,28 @@ def test_checkpoint_that_would_run_code_is_refused_with_one_line(tiny_data, tmp_
 
     evil = tmp_path / "evil.pth.tar"
     torch.save(dict(arch="resnet18", num_classes=7, epoch=1, best_acc1=0.0, model=Payload()), evil)
-    p = run([PY, script("distributed.py"), "--data", tiny_data, "--image-size", "32", "-j", "0", "-b", "12",
-             "--epochs", "1", "--resume", str(evil), "--output-dir", str(tmp_path / "o")], check=False, timeout=120)
+    p = run(
+        [
+            PY,
+            script("distributed.py"),
+            "--data",
+            tiny_data,
+            "--image-size",
+            "32",
+            "-j",
+            "0",
+            "-b",
+            "12",
+            "--epochs",
+            "1",
+            "--resume",
+            str(evil),
+            "--output-dir",
+            str(tmp_path / "o"),
+        ],
+        check=False,
+        timeout=120,
+    )
     assert p.returncode != 0
     lines = error_lines(p.stderr)
     assert len(lines) == 1 and f"cannot load checkpoint {evil}" in lines[0], p.stderr[-3000:]
@@ -322,6 +499,7 @@ def test_checkpoint_that_would_run_code_is_refused_with_one_line(tiny_data, tmp_
 
 
 # ---- 5. bad input ----
+
 
 def test_port_in_use_is_one_line_and_no_hang(failed_starts):
     assert_one_line_error(failed_starts["port_in_use"], "address already in use")

@@ -3,6 +3,7 @@ a mid-epoch checkpoint, and a resume that ends with the parameters of an uninter
 
 Local torchrun runs (gloo, CPU); tests/test_slurm_requeue.py does the same through Slurm.
 """
+
 import os
 import signal
 import subprocess
@@ -19,14 +20,24 @@ STOP_ARGS = ["--image-size", "32", "-j", "0", "-b", "8", "--epochs", "1", "-p", 
 
 def stop_one_rank(cmd, rank, at="Epoch [0][1/", timeout=240):
     """Runs `cmd` and sends SIGUSR1 to worker `rank` alone when the log shows `at`; returns (status, log)."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env(),
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=env(),
+        start_new_session=True,
+    )
     lines, sent = [], False
     try:
         for line in p.stdout:
             lines.append(line)
             if not sent and at in line:
-                os.kill(workers(p.pid, os.path.basename(cmd[cmd.index("--data") - 1]))[rank], signal.SIGUSR1)
+                os.kill(
+                    workers(p.pid, os.path.basename(cmd[cmd.index("--data") - 1]))[rank],
+                    signal.SIGUSR1,
+                )
                 sent = True
         rc = p.wait(timeout=timeout)
     finally:
@@ -38,18 +49,37 @@ def stop_one_rank(cmd, rank, at="Epoch [0][1/", timeout=240):
 @pytest.fixture(scope="module")
 def uninterrupted(tiny_data, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("uninterrupted"))
-    run(torchrun(2) + [script("distributed.py"), "--data", tiny_data, *STOP_ARGS, "--output-dir", out])
+    run(
+        torchrun(2)
+        + [script("distributed.py"), "--data", tiny_data, *STOP_ARGS, "--output-dir", out]
+    )
     return params(out)
 
 
-def test_usr1_to_one_rank_stops_all_at_one_step_and_the_resumed_run_matches(tiny_data, uninterrupted, tmp_path):
+def test_usr1_to_one_rank_stops_all_at_one_step_and_the_resumed_run_matches(
+    tiny_data, uninterrupted, tmp_path
+):
     out = str(tmp_path)
-    cmd = torchrun(2) + [script("distributed.py"), "--data", tiny_data, *STOP_ARGS, "--output-dir", out,
-                         "--auto-resume"]
+    cmd = torchrun(2) + [
+        script("distributed.py"),
+        "--data",
+        tiny_data,
+        *STOP_ARGS,
+        "--output-dir",
+        out,
+        "--auto-resume",
+    ]
     rc, log = stop_one_rank(cmd, rank=1)
-    assert rc == 0, log  # rank 0, never signalled, stopped too: no rank was left waiting in a collective
-    ckpt = torch.load(os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=True)
-    assert ckpt["epoch"] == 0 and 0 < ckpt["samples"] < 48 and ckpt["samples"] % 8 == 0, (ckpt["epoch"], log)
+    assert rc == 0, (
+        log
+    )  # rank 0, never signalled, stopped too: no rank was left waiting in a collective
+    ckpt = torch.load(
+        os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=True
+    )
+    assert ckpt["epoch"] == 0 and 0 < ckpt["samples"] < 48 and ckpt["samples"] % 8 == 0, (
+        ckpt["epoch"],
+        log,
+    )
     assert f"stopped on SIGUSR1 after sample {ckpt['samples']} of epoch 0" in log, log
     assert not os.path.exists(os.path.join(out, "metrics.jsonl"))  # the epoch did not end
     p = run(cmd)
@@ -58,6 +88,7 @@ def test_usr1_to_one_rank_stops_all_at_one_step_and_the_resumed_run_matches(tiny
 
 
 # ---- resumed with another global batch: every sample of the stopped epoch is trained once ----
+
 
 class Indices(torch.utils.data.Dataset):
     """Item i is i: the loader's batches name the samples they hold."""
@@ -76,26 +107,40 @@ def global_steps(n, world_size, batch, start, steps=None, epoch=0):
     """The samples of each step of an epoch, over all processes, as the scripts' loaders give them."""
     import argparse
     import distributed
-    args = argparse.Namespace(batch_size=batch, seed=0, workers=0, loader_start_method=None, accum_steps=1)
+
+    args = argparse.Namespace(
+        batch_size=batch, seed=0, workers=0, loader_start_method=None, accum_steps=1
+    )
     shards = []
     for rank in range(world_size):
-        loader, sampler, _ = distributed.build_loaders(Indices(n), Indices(1), args, rank, world_size,
-                                                       torch.device("cpu"))
+        loader, sampler, _ = distributed.build_loaders(
+            Indices(n), Indices(1), args, rank, world_size, torch.device("cpu")
+        )
         sampler.set_epoch(epoch, start)
         shards.append([b.tolist() for b in loader][:steps])
     return [sum((shard[s] for shard in shards), []) for s in range(len(shards[0]))]
 
 
-@pytest.mark.parametrize("before,after", [((2, 8), (1, 4)),    # the same per-process batch on half the processes
-                                          ((2, 8), (3, 12)),   # more processes, a larger batch
-                                          ((3, 12), (2, 10)),  # a batch the data does not divide
-                                          ((1, 4), (2, 8))])
+@pytest.mark.parametrize(
+    "before,after",
+    [
+        ((2, 8), (1, 4)),  # the same per-process batch on half the processes
+        ((2, 8), (3, 12)),  # more processes, a larger batch
+        ((3, 12), (2, 10)),  # a batch the data does not divide
+        ((1, 4), (2, 8)),
+    ],
+)
 def test_stopped_epoch_resumed_with_another_global_batch_trains_each_sample_once(before, after):
     import sys
+
     sys.path.insert(0, ROOT)
     n = 101
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(0)).tolist()  # epoch 0's order
-    assert sum(global_steps(n, 1, 1, 0), []) == order  # the order is one per epoch, whatever the processes
+    order = torch.randperm(
+        n, generator=torch.Generator().manual_seed(0)
+    ).tolist()  # epoch 0's order
+    assert (
+        sum(global_steps(n, 1, 1, 0), []) == order
+    )  # the order is one per epoch, whatever the processes
     first = global_steps(n, *before, start=0, steps=3)  # stopped after 3 steps
     trained = sum(first, [])
     assert all(len(step) == before[1] for step in first)
@@ -103,28 +148,53 @@ def test_stopped_epoch_resumed_with_another_global_batch_trains_each_sample_once
     assert all(len(step) == after[1] // after[0] * after[0] for step in rest)
     trained += sum(rest, [])
     assert len(trained) == len(set(trained))  # no sample twice
-    assert set(trained) == set(order[:len(trained)]) and n - len(trained) < after[1]  # all but a last partial batch
+    assert (
+        set(trained) == set(order[: len(trained)]) and n - len(trained) < after[1]
+    )  # all but a last partial batch
     # each step, over all processes, is the next global batch of the epoch's order
     done = 0
     for step in first + rest:
-        assert sorted(step) == sorted(order[done:done + len(step)])
+        assert sorted(step) == sorted(order[done : done + len(step)])
         done += len(step)
     # the same steps as the interrupted run's processes trained them: the shards of a step make its batch
     assert global_steps(n, *before, start=0, steps=3) == first
 
 
-def test_run_stopped_mid_epoch_resumes_with_half_the_processes_at_the_sample_it_stopped(tiny_data, tmp_path):
+def test_run_stopped_mid_epoch_resumes_with_half_the_processes_at_the_sample_it_stopped(
+    tiny_data, tmp_path
+):
     """torchrun, 2 processes of 4 samples each, stopped by SIGUSR1; resumed by one process of 4 samples:
     the resumed run starts at the recorded sample and trains the rest of the epoch in steps of 4."""
     out = str(tmp_path)
-    cmd = torchrun(2) + [script("distributed.py"), "--data", tiny_data, *STOP_ARGS, "--output-dir", out,
-                         "--auto-resume"]
+    cmd = torchrun(2) + [
+        script("distributed.py"),
+        "--data",
+        tiny_data,
+        *STOP_ARGS,
+        "--output-dir",
+        out,
+        "--auto-resume",
+    ]
     rc, log = stop_one_rank(cmd, rank=0)
     assert rc == 0, log
-    samples = torch.load(os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=True)["samples"]
+    samples = torch.load(
+        os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=True
+    )["samples"]
     assert 0 < samples < 48 and samples % 8 == 0, log
-    p = run([PY, script("distributed.py"), "--data", tiny_data, *STOP_ARGS, "-b", "4", "--output-dir", out,
-             "--auto-resume"])
+    p = run(
+        [
+            PY,
+            script("distributed.py"),
+            "--data",
+            tiny_data,
+            *STOP_ARGS,
+            "-b",
+            "4",
+            "--output-dir",
+            out,
+            "--auto-resume",
+        ]
+    )
     assert f"start epoch 0 at sample {samples}" in p.stdout, p.stdout
     assert f"Epoch [0][{(48 - samples) // 4}/{(48 - samples) // 4}]" in p.stdout, p.stdout
     assert " * Acc@1" in p.stdout

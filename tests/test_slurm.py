@@ -14,6 +14,7 @@ with bad input first, on an idle node, then the rest for Slurm to queue); each t
 its own. That keeps the module near a minute on two cores, where one job after another took
 over three.
 """
+
 import concurrent.futures
 import math
 import os
@@ -26,8 +27,22 @@ import uuid
 
 import pytest
 
-from conftest import (CLUSTER, EXACT, PARAM_TOL, PY, ROOT, TINY, env, free_port, max_param_diff, metrics,
-                      missing_backend, needs_root, params, script)
+from conftest import (
+    CLUSTER,
+    EXACT,
+    PARAM_TOL,
+    PY,
+    ROOT,
+    TINY,
+    env,
+    free_port,
+    max_param_diff,
+    metrics,
+    missing_backend,
+    needs_root,
+    params,
+    script,
+)
 
 SLURM_LOCAL = "bash tools/slurm-local.sh up"
 SBATCH_CPU = os.path.join(ROOT, "slurm", "train-cpu.sbatch")
@@ -44,21 +59,31 @@ pytestmark = [CLUSTER, pytest.mark.usefixtures("slurm_cluster")]
 def slurm_problem(environ=None):
     """Why the cluster cannot run the tests, or None."""
     environ = dict(os.environ if environ is None else environ)
-    missing = [c for c in ("sinfo", "srun", "sbatch", "scontrol", "scancel")
-               if shutil.which(c, path=environ.get("PATH", "")) is None]
+    missing = [
+        c
+        for c in ("sinfo", "srun", "sbatch", "scontrol", "scancel")
+        if shutil.which(c, path=environ.get("PATH", "")) is None
+    ]
     if missing:
         return f"Slurm is not installed ({', '.join(missing)} not on PATH)"
     try:
-        p = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30, env=environ)
+        p = subprocess.run(
+            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30, env=environ
+        )
     except subprocess.TimeoutExpired:
         return "sinfo did not answer within 30 s (slurmctld is not responding)"
     states = p.stdout.split()
     # sinfo appends a flag to the state: "*" not responding (unusable); "-" planned for a pending
     # job by the backfill scheduler, as when this suite queues its jobs together; "~#!%$@^" power
     # and maintenance flags
-    if p.returncode != 0 or not any(s.rstrip("*~#!%$@^-") in ("idle", "mixed", "allocated", "completing")
-                                    and not s.endswith("*") for s in states):
-        detail = (p.stderr.strip().splitlines() or [f"node states: {' '.join(states) or 'none'}"])[-1]
+    if p.returncode != 0 or not any(
+        s.rstrip("*~#!%$@^-") in ("idle", "mixed", "allocated", "completing")
+        and not s.endswith("*")
+        for s in states
+    ):
+        detail = (p.stderr.strip().splitlines() or [f"node states: {' '.join(states) or 'none'}"])[
+            -1
+        ]
         return f"the Slurm cluster is down or has no usable node ({detail})"
     return None
 
@@ -71,23 +96,35 @@ def require_slurm(environ=None):
     if problem:
         message = f"{problem}; run `{SLURM_LOCAL}`"
         if os.geteuid() != 0:
-            needs_root(f"a Slurm cluster, which tools/test.sh starts when run as root ({message} as root)")
+            needs_root(
+                f"a Slurm cluster, which tools/test.sh starts when run as root ({message} as root)"
+            )
         missing_backend(message, "the Slurm tests")
 
 
 def node_cpus():
-    p = subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, timeout=30, check=True)
+    p = subprocess.run(
+        ["sinfo", "-h", "-o", "%c"], capture_output=True, text=True, timeout=30, check=True
+    )
     return int(p.stdout.split()[0])
 
 
 class Result:
     def __init__(self, cmd, returncode, stdout, stderr, seconds):
-        self.cmd, self.returncode, self.stdout, self.stderr, self.seconds = cmd, returncode, stdout, stderr, seconds
+        self.cmd, self.returncode, self.stdout, self.stderr, self.seconds = (
+            cmd,
+            returncode,
+            stdout,
+            stderr,
+            seconds,
+        )
 
     def check(self, log=None):
         log = f"\n--- {log}\n{open(log).read()[-4000:]}" if log and os.path.exists(log) else ""
-        assert self.returncode == 0, (f"{' '.join(self.cmd)} exited {self.returncode} after {self.seconds:.0f} s"
-                                      f"\n--- stdout\n{self.stdout[-4000:]}\n--- stderr\n{self.stderr[-4000:]}{log}")
+        assert self.returncode == 0, (
+            f"{' '.join(self.cmd)} exited {self.returncode} after {self.seconds:.0f} s"
+            f"\n--- stdout\n{self.stdout[-4000:]}\n--- stderr\n{self.stderr[-4000:]}{log}"
+        )
         return self
 
 
@@ -100,8 +137,15 @@ def slurm_run(cmd, timeout=JOB_TIMEOUT, names=None):
     cmd = [cmd[0], f"--job-name={name}", *cmd[1:]]
     t = time.monotonic()
     # sbatch and srun pass the environment on; slurm/train-cpu.sbatch runs $PYTHON
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                         env=env(PYTHON=PY), start_new_session=True)
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env(PYTHON=PY),
+        start_new_session=True,
+    )
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -118,7 +162,14 @@ def slurm_run(cmd, timeout=JOB_TIMEOUT, names=None):
 
 def srun(*opts):
     # -K: one failed task ends the step; --quiet: no "job N queued and waiting for resources"
-    return ["srun", "--quiet", "--kill-on-bad-exit=1", *opts, PY, script("distributed_slurm_main.py")]
+    return [
+        "srun",
+        "--quiet",
+        "--kill-on-bad-exit=1",
+        *opts,
+        PY,
+        script("distributed_slurm_main.py"),
+    ]
 
 
 class Jobs:
@@ -135,21 +186,63 @@ class Jobs:
         are then all submitted together and Slurm runs them as CPUs become free."""
         d, o = ["--data", self.data, *TINY], self.out
         self.dist_dir.mkdir()
-        wrapped = f"{PY} {script('distributed_slurm_main.py')} --data {self.data} --output-dir {o['bad']}"
+        wrapped = (
+            f"{PY} {script('distributed_slurm_main.py')} --data {self.data} --output-dir {o['bad']}"
+        )
         return {
-            "bad_spawn": (slurm_run, 2, srun("-N1", "-n2") + [*d, "--spawn", "--output-dir", o["bad"]]),
-            "no_srun": (slurm_run, 2, ["sbatch", "--wait", "-n2", f"--output={self.tmp / 'no_srun.out'}",
-                                       f"--wrap={wrapped}"]),
-            "bad_batch": (slurm_run, 2, srun("-N1", "-n2") + [*d, "-b", "1", "--output-dir", o["bad"]]),
+            "bad_spawn": (
+                slurm_run,
+                2,
+                srun("-N1", "-n2") + [*d, "--spawn", "--output-dir", o["bad"]],
+            ),
+            "no_srun": (
+                slurm_run,
+                2,
+                [
+                    "sbatch",
+                    "--wait",
+                    "-n2",
+                    f"--output={self.tmp / 'no_srun.out'}",
+                    f"--wrap={wrapped}",
+                ],
+            ),
+            "bad_batch": (
+                slurm_run,
+                2,
+                srun("-N1", "-n2") + [*d, "-b", "1", "--output-dir", o["bad"]],
+            ),
             # sbatch --wait notices the end of a job only 10 to 30 s late: submit it first
-            "sbatch3": (slurm_run, 0, ["sbatch", "--wait", "-n3", f"--output={self.tmp / 'sbatch3.out'}", SBATCH_CPU,
-                                       self.data, o["sbatch3"], *TINY, *EXACT, *DIST,
-                                       "--dist-file", str(self.dist_dir / "rdv")]),
+            "sbatch3": (
+                slurm_run,
+                0,
+                [
+                    "sbatch",
+                    "--wait",
+                    "-n3",
+                    f"--output={self.tmp / 'sbatch3.out'}",
+                    SBATCH_CPU,
+                    self.data,
+                    o["sbatch3"],
+                    *TINY,
+                    *EXACT,
+                    *DIST,
+                    "--dist-file",
+                    str(self.dist_dir / "rdv"),
+                ],
+            ),
             # 2 tasks accumulating 2 micro-batches a step (DDP's no_sync): one process's parameters all the same
-            "n2": (slurm_run, 0, srun("-N1", "-n2") + [*d, *EXACT, *DIST, "--accum-steps", "2",
-                                                        "--output-dir", o["n2"]]),
-            "spawn": (slurm_run, 0, srun("-N1", "-n1", "-c2") + [*d, *EXACT, *DIST, "--spawn", "--nprocs", "2",
-                                                                 "--output-dir", o["spawn"]]),
+            "n2": (
+                slurm_run,
+                0,
+                srun("-N1", "-n2")
+                + [*d, *EXACT, *DIST, "--accum-steps", "2", "--output-dir", o["n2"]],
+            ),
+            "spawn": (
+                slurm_run,
+                0,
+                srun("-N1", "-n1", "-c2")
+                + [*d, *EXACT, *DIST, "--spawn", "--nprocs", "2", "--output-dir", o["spawn"]],
+            ),
         }
 
     def start(self, ticket, runner, cpus, cmd):
@@ -175,7 +268,9 @@ class Jobs:
             self.free = node_cpus()
             self.cond, self.next_ticket = threading.Condition(), 0
             pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(commands))
-            self.futures = {k: pool.submit(self.start, i, *job) for i, (k, job) in enumerate(commands.items())}
+            self.futures = {
+                k: pool.submit(self.start, i, *job) for i, (k, job) in enumerate(commands.items())
+            }
             pool.shutdown(wait=False)
         return self.futures[name].result(timeout=len(self.futures) * JOB_TIMEOUT)
 
@@ -185,8 +280,10 @@ class Jobs:
             for name in self.names:
                 subprocess.run(["scancel", f"--name={name}"], timeout=30)
         elif self.futures:  # seen with pytest -s or -rA
-            print("test_slurm job seconds:", ", ".join(f"{k} {f.result().seconds:.1f}"
-                                                       for k, f in self.futures.items()))
+            print(
+                "test_slurm job seconds:",
+                ", ".join(f"{k} {f.result().seconds:.1f}" for k, f in self.futures.items()),
+            )
 
 
 @pytest.fixture(scope="module")
@@ -199,12 +296,19 @@ def jobs(tiny_data, reference, tmp_path_factory):
 
 def one_error_line(result):
     """The script's error, said once, by one task; everything else on stderr is srun's own report."""
-    assert result.returncode not in (0, "timeout"), f"exited {result.returncode}\n{result.stderr[-3000:]}"
-    assert result.seconds < 120, f"took {result.seconds:.0f} s to fail"  # not the 1800 s of --dist-timeout
+    assert result.returncode not in (0, "timeout"), (
+        f"exited {result.returncode}\n{result.stderr[-3000:]}"
+    )
+    assert result.seconds < 120, (
+        f"took {result.seconds:.0f} s to fail"
+    )  # not the 1800 s of --dist-timeout
     ours = [line for line in result.stderr.splitlines() if line.startswith(SCRIPT_ERROR)]
     assert len(ours) == 1, result.stderr
-    others = [line for line in result.stderr.splitlines()
-              if line.strip() and not line.startswith((SCRIPT_ERROR, "srun: ", "slurmstepd"))]
+    others = [
+        line
+        for line in result.stderr.splitlines()
+        if line.strip() and not line.startswith((SCRIPT_ERROR, "srun: ", "slurmstepd"))
+    ]
     assert not others, result.stderr  # no traceback, no second message
     return ours[0]
 
@@ -214,31 +318,45 @@ def test_without_slurm_the_tests_fail_saying_how_to_start_a_cluster(monkeypatch,
     for name in ("ALLOW_MISSING_BACKENDS", "CI"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(os, "geteuid", lambda: 0)  # root, who can start the local cluster
-    with pytest.raises(pytest.fail.Exception, match="not installed.*run `bash tools/slurm-local.sh up`"):
+    with pytest.raises(
+        pytest.fail.Exception, match="not installed.*run `bash tools/slurm-local.sh up`"
+    ):
         require_slurm(no_slurm)
     monkeypatch.setenv("ALLOW_MISSING_BACKENDS", "1")
-    with pytest.raises(pytest.skip.Exception, match="bash tools/slurm-local.sh up.*ALLOW_MISSING_BACKENDS=1"):
+    with pytest.raises(
+        pytest.skip.Exception, match="bash tools/slurm-local.sh up.*ALLOW_MISSING_BACKENDS=1"
+    ):
         require_slurm(no_slurm)
     monkeypatch.setenv("CI", "true")  # in CI every backend's tests run
-    with pytest.raises(pytest.fail.Exception, match="not installed.*run `bash tools/slurm-local.sh up`.*CI=true"):
+    with pytest.raises(
+        pytest.fail.Exception, match="not installed.*run `bash tools/slurm-local.sh up`.*CI=true"
+    ):
         require_slurm(no_slurm)
     # a user who is not root cannot start the local cluster: the tests skip, saying why, except in CI
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(pytest.fail.Exception, match="^needs root: a Slurm cluster.*CI=true"):
         require_slurm(no_slurm)
     monkeypatch.delenv("CI")
-    with pytest.raises(pytest.skip.Exception, match="^needs root: a Slurm cluster, which tools/test.sh starts when "
-                                                    "run as root .*not installed.*slurm-local.sh up"):
+    with pytest.raises(
+        pytest.skip.Exception,
+        match="^needs root: a Slurm cluster, which tools/test.sh starts when "
+        "run as root .*not installed.*slurm-local.sh up",
+    ):
         require_slurm(no_slurm)
 
 
 def test_a_task_count_that_cannot_fit_fails_at_once(tiny_data, tmp_path):
     require_slurm()
     cpus = node_cpus()
-    r = slurm_run(srun("-N1", f"-n{2 * cpus + 1}") + ["--data", tiny_data, *TINY, "--output-dir", str(tmp_path)],
-                  timeout=60)
+    r = slurm_run(
+        srun("-N1", f"-n{2 * cpus + 1}")
+        + ["--data", tiny_data, *TINY, "--output-dir", str(tmp_path)],
+        timeout=60,
+    )
     assert r.returncode not in (0, "timeout"), r.stderr
-    assert r.seconds < 15, f"srun -n{2 * cpus + 1} took {r.seconds:.0f} s to fail: is EnforcePartLimits=ALL set?"
+    assert r.seconds < 15, (
+        f"srun -n{2 * cpus + 1} took {r.seconds:.0f} s to fail: is EnforcePartLimits=ALL set?"
+    )
     assert "Unable to allocate resources" in r.stderr, r.stderr
     assert not os.path.exists(tmp_path / "metrics.jsonl")
 
@@ -279,8 +397,11 @@ def test_sbatch_cpu_script_trains_with_a_dist_file_that_is_gone_afterwards(jobs)
     assert os.listdir(jobs.dist_dir) == [], "the --dist-file rendezvous file was left behind"
 
 
-@pytest.mark.parametrize("name,world_size", [("n2", 2), ("sbatch3", 3), ("spawn", 2)],
-                         ids=["srun-n2", "sbatch-srun-n3-dist-file", "srun-n1-spawn-nprocs2"])
+@pytest.mark.parametrize(
+    "name,world_size",
+    [("n2", 2), ("sbatch3", 3), ("spawn", 2)],
+    ids=["srun-n2", "sbatch-srun-n3-dist-file", "srun-n1-spawn-nprocs2"],
+)
 def test_training_gives_the_single_process_parameters(jobs, name, world_size):
     jobs.get(name).check(jobs.tmp / f"{name}.out")
     diff = max_param_diff(params(jobs.out["ref"]), params(jobs.out[name]))
@@ -289,7 +410,11 @@ def test_training_gives_the_single_process_parameters(jobs, name, world_size):
     assert m["world_size"] == world_size
     assert m["train_loss"] == pytest.approx(r["train_loss"], rel=1e-5)
     # validation: each of the 101 images once (shares of 34 + 34 + 33 at 3 tasks), to the one process's figures
-    assert (m["val_images"], m["val_acc1"], m["val_acc5"]) == (VAL_IMAGES, r["val_acc1"], r["val_acc5"])
+    assert (m["val_images"], m["val_acc1"], m["val_acc5"]) == (
+        VAL_IMAGES,
+        r["val_acc1"],
+        r["val_acc5"],
+    )
     assert m["val_loss"] == pytest.approx(r["val_loss"], rel=1e-5)
 
 
@@ -300,7 +425,9 @@ def test_spawn_with_two_tasks_on_a_node_fails_with_one_line(jobs):
 
 def test_batch_smaller_than_the_task_count_fails_with_one_line(jobs):
     line = one_error_line(jobs.get("bad_batch"))
-    assert "-b 1 does not split into 2 process(es) x 1 micro-batch(es) of equal size: use -b 2" in line
+    assert (
+        "-b 1 does not split into 2 process(es) x 1 micro-batch(es) of equal size: use -b 2" in line
+    )
 
 
 def test_batch_script_that_forgets_srun_fails_with_one_line(jobs):

@@ -5,6 +5,7 @@ environment's bin folder must come first on PATH for an absolute VENV as for a r
 These runs replace the environment with a stand-in whose python records how pytest was started,
 and `id` with one that says "not root", so that nothing is installed and no cluster is started.
 """
+
 import os
 import subprocess
 import sys
@@ -20,10 +21,12 @@ def stand_in_venv(path, record):
     (path / "bin").mkdir(parents=True)
     (path / "pyvenv.cfg").write_text("home = /usr/bin\n")
     python = path / "bin" / "python"
-    python.write_text('#!/bin/bash\n'
-                      'if [ "$1 $2" = "-m pytest" ]; then\n'
-                      f'  {{ echo "python=$(command -v python)"; echo "args=${{*:3}}"; }} >"{record}"\n'
-                      'fi\nexit 0\n')
+    python.write_text(
+        "#!/bin/bash\n"
+        'if [ "$1 $2" = "-m pytest" ]; then\n'
+        f'  {{ echo "python=$(command -v python)"; echo "args=${{*:3}}"; }} >"{record}"\n'
+        "fi\nexit 0\n"
+    )
     python.chmod(0o755)
 
 
@@ -31,9 +34,10 @@ def fake_bin(path):
     """`id` that says uid 1000 (no apt-get, no Slurm cluster), and a python3 that refuses to make a
     virtual environment: test.sh must find the one it is given."""
     path.mkdir()
-    for name, text in {"id": "#!/bin/sh\necho 1000\n",
-                       "python3": '#!/bin/sh\necho "python3 $*: test.sh should not make an environment" >&2\nexit 1\n'
-                       }.items():
+    for name, text in {
+        "id": "#!/bin/sh\necho 1000\n",
+        "python3": '#!/bin/sh\necho "python3 $*: test.sh should not make an environment" >&2\nexit 1\n',
+    }.items():
         (path / name).write_text(text)
         (path / name).chmod(0o755)
     return path
@@ -46,14 +50,23 @@ def test_test_sh_puts_the_given_environment_first_on_path(tmp_path, how):
     stand_in_venv(venv, record)
     bin_dir = fake_bin(tmp_path / "bin")
     # relative: to the folder test.sh is started from, here not the checkout
-    given, cwd = (str(venv), ROOT) if how == "absolute" else (os.path.join("envs", "torch"), tmp_path)
-    p = subprocess.run(["bash", os.path.join(ROOT, "tools", "test.sh"), "tests/test_tools.py", "-k", "nothing"],
-                       cwd=cwd, env=env(VENV=given, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}"),
-                       capture_output=True, text=True, timeout=120)
+    given, cwd = (
+        (str(venv), ROOT) if how == "absolute" else (os.path.join("envs", "torch"), tmp_path)
+    )
+    p = subprocess.run(
+        ["bash", os.path.join(ROOT, "tools", "test.sh"), "tests/test_tools.py", "-k", "nothing"],
+        cwd=cwd,
+        env=env(VENV=given, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     lines = dict(line.split("=", 1) for line in record.read_text().splitlines())
     assert lines["python"] == f"{venv}/bin/python", lines
-    assert lines["args"].endswith("tests/test_tools.py -k nothing"), lines  # the named file only, not all of tests/
+    assert lines["args"].endswith("tests/test_tools.py -k nothing"), (
+        lines
+    )  # the named file only, not all of tests/
 
 
 NEEDS_ROOT = """
@@ -72,12 +85,33 @@ def test_needs_nothing():
 
 
 @pytest.mark.parametrize("ci", ["", "true"])
-def test_a_test_that_needs_root_skips_for_other_users_saying_how_to_run_it_and_fails_in_ci(tmp_path, ci):
+def test_a_test_that_needs_root_skips_for_other_users_saying_how_to_run_it_and_fails_in_ci(
+    tmp_path, ci
+):
     (tmp_path / "test_root.py").write_text(NEEDS_ROOT)
     e = env(CI=ci, PYTHONPATH=os.path.join(ROOT, "tests"))
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:xdist", "-p", "no:cacheprovider",
-                        "-rs", "--rootdir", str(tmp_path), str(tmp_path / "test_root.py")],
-                       cwd=tmp_path, env=e, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "conftest",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:cacheprovider",
+            "-rs",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_root.py"),
+        ],
+        cwd=tmp_path,
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     summary = [line for line in p.stdout.splitlines() if "need root" in line]
     if ci:  # CI runs every test: one that cannot run fails, naming what it needs
         assert p.returncode == 1 and "1 failed, 1 passed" in p.stdout, p.stdout
@@ -85,6 +119,10 @@ def test_a_test_that_needs_root_skips_for_other_users_saying_how_to_run_it_and_f
         assert summary == [], p.stdout
     else:  # the skip names what needs root, and one line at the end says how to run such tests
         assert p.returncode == 0 and "1 passed, 1 skipped" in p.stdout, p.stdout
-        assert any(line.startswith("SKIPPED [1]") and line.endswith(": needs root: mounting a tmpfs")
-                   for line in p.stdout.splitlines()), p.stdout
-        assert len(summary) == 1 and "as root, `bash tools/test.sh` runs them" in summary[0], p.stdout
+        assert any(
+            line.startswith("SKIPPED [1]") and line.endswith(": needs root: mounting a tmpfs")
+            for line in p.stdout.splitlines()
+        ), p.stdout
+        assert len(summary) == 1 and "as root, `bash tools/test.sh` runs them" in summary[0], (
+            p.stdout
+        )

@@ -5,6 +5,7 @@ gloo all_reduce of ResNet-18's gradients between 2 processes (what DDP adds per 
 
     .venv/bin/python tools/bench_profile.py [--batch 16] [--size 224] [--steps 8] [--threads 1]
 """
+
 import argparse
 import os
 import time
@@ -57,37 +58,54 @@ def allreduce_worker(rank, port, n, reps, dtype, out):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--batch", type=int, default=16, help="per-process batch (global 32 over 2 processes)")
+    p.add_argument(
+        "--batch", type=int, default=16, help="per-process batch (global 32 over 2 processes)"
+    )
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    print(f"torch {torch.__version__}, {a.threads} thread(s), batch {a.batch}, {a.size}px, "
-          f"cpu capability {torch.backends.cpu.get_cpu_capability()}")
+    print(
+        f"torch {torch.__version__}, {a.threads} thread(s), batch {a.batch}, {a.size}px, "
+        f"cpu capability {torch.backends.cpu.get_cpu_capability()}"
+    )
     base = None
-    for name, amp, cl in [("fp32", False, False), ("fp32 + channels_last", False, True),
-                          ("bf16 autocast", True, False), ("bf16 autocast + channels_last", True, True)]:
+    for name, amp, cl in [
+        ("fp32", False, False),
+        ("fp32 + channels_last", False, True),
+        ("bf16 autocast", True, False),
+        ("bf16 autocast + channels_last", True, True),
+    ]:
         r = step_time(a.batch, a.size, a.steps, amp, cl)
         total = sum(r.values())
         base = base or total
-        print(f"{name:<32} step {total * 1000:7.0f} ms  (fwd {r['fwd'] * 1000:5.0f}, bwd {r['bwd'] * 1000:5.0f}, "
-              f"opt {r['opt'] * 1000:4.0f})  speed-up {base / total:.2f}x", flush=True)
+        print(
+            f"{name:<32} step {total * 1000:7.0f} ms  (fwd {r['fwd'] * 1000:5.0f}, bwd {r['bwd'] * 1000:5.0f}, "
+            f"opt {r['opt'] * 1000:4.0f})  speed-up {base / total:.2f}x",
+            flush=True,
+        )
     n = sum(p.numel() for p in models.resnet18(num_classes=10).parameters())
     ctx = mp.get_context("spawn")
     for dtype in (torch.float32, torch.bfloat16):
         q = ctx.Queue()
         import socket
+
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        procs = [ctx.Process(target=allreduce_worker, args=(r, port, n, 5, dtype, q)) for r in range(2)]
+        procs = [
+            ctx.Process(target=allreduce_worker, args=(r, port, n, 5, dtype, q)) for r in range(2)
+        ]
         for pr in procs:
             pr.start()
         dt = q.get()
         for pr in procs:
             pr.join()
-        print(f"gloo all_reduce of {n / 1e6:.1f}M gradients ({dtype}), 2 processes: {dt * 1000:.0f} ms", flush=True)
+        print(
+            f"gloo all_reduce of {n / 1e6:.1f}M gradients ({dtype}), 2 processes: {dt * 1000:.0f} ms",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

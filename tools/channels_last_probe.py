@@ -17,6 +17,7 @@ It reports the same counts for float64 (informational: on a GPU, 0 channels_last
 GPU, the names of the cuDNN kernels the bf16 forward ran (NHWC kernels, and whether any layout
 transposition ran). Exit status 1 when a bf16 check fails.
 """
+
 import argparse
 import copy
 import json
@@ -33,9 +34,19 @@ def conv_outputs(model, run):
     """Runs run() and returns (channels_last outputs, conv outputs) of model's Conv2d layers; outputs of
     1 x 1 pixel, which are both contiguous and channels_last, are left out."""
     seen = []
-    hooks = [m.register_forward_hook(lambda m, i, o: seen.append(
-        o.is_contiguous(memory_format=torch.channels_last) and not o.is_contiguous()) if o.shape[-2:].numel() > 1
-        else None) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    hooks = [
+        m.register_forward_hook(
+            lambda m, i, o: (
+                seen.append(
+                    o.is_contiguous(memory_format=torch.channels_last) and not o.is_contiguous()
+                )
+                if o.shape[-2:].numel() > 1
+                else None
+            )
+        )
+        for m in model.modules()
+        if isinstance(m, nn.Conv2d)
+    ]
     try:
         result = run()
     finally:
@@ -57,15 +68,18 @@ def kernels(model, x, device):
     if device.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
             model(x)
         torch.cuda.synchronize()
     names = sorted({e.key for e in prof.key_averages()})
     conv = [n for n in names if "nhwc" in n.lower() or "conv" in n.lower() or "fprop" in n.lower()]
-    return dict(nhwc=sum("nhwc" in n.lower() for n in conv),
-                transposes=[n for n in names if "nchwtonhwc" in n.lower() or "nhwctonchw" in n.lower()],
-                conv_kernels=conv[:12])
+    return dict(
+        nhwc=sum("nhwc" in n.lower() for n in conv),
+        transposes=[n for n in names if "nchwtonhwc" in n.lower() or "nhwctonchw" in n.lower()],
+        conv_kernels=conv[:12],
+    )
 
 
 def main(argv):
@@ -84,19 +98,30 @@ def main(argv):
     ref_out = step(ref, x.double(), torch.float64)
     ref_grad = ref.conv1.weight.grad
     result = {"device": str(torch.cuda.get_device_name(0)) if device.type == "cuda" else "cpu"}
-    for name, dtype, layout in (("bf16", torch.bfloat16, torch.channels_last),
-                                ("bf16_contiguous", torch.bfloat16, torch.contiguous_format),
-                                ("float64", torch.float64, torch.channels_last)):
+    for name, dtype, layout in (
+        ("bf16", torch.bfloat16, torch.channels_last),
+        ("bf16_contiguous", torch.bfloat16, torch.contiguous_format),
+        ("float64", torch.float64, torch.channels_last),
+    ):
         wdtype = torch.float32 if dtype == torch.bfloat16 else dtype
         model = copy.deepcopy(base).to(dtype=wdtype, memory_format=layout)
         xin = x.to(wdtype).contiguous(memory_format=layout)
         n_cl, n_all, out = conv_outputs(model, lambda: step(model, xin, dtype))
-        grads = [m.weight.grad for m in model.modules() if isinstance(m, nn.Conv2d) and m.weight.grad.shape[-2:].numel() > 1]
+        grads = [
+            m.weight.grad
+            for m in model.modules()
+            if isinstance(m, nn.Conv2d) and m.weight.grad.shape[-2:].numel() > 1
+        ]
         n_grads = sum(g.is_contiguous(memory_format=torch.channels_last) for g in grads)
-        r = dict(channels_last_outputs=f"{n_cl}/{n_all}", channels_last_weight_grads=f"{n_grads}/{len(grads)}",
-                 all_channels_last=n_cl == n_all > 0 and n_grads == len(grads),
-                 output_error=((out - ref_out).norm() / ref_out.norm()).item(),
-                 grad_error=((model.conv1.weight.grad.double() - ref_grad).norm() / ref_grad.norm()).item())
+        r = dict(
+            channels_last_outputs=f"{n_cl}/{n_all}",
+            channels_last_weight_grads=f"{n_grads}/{len(grads)}",
+            all_channels_last=n_cl == n_all > 0 and n_grads == len(grads),
+            output_error=((out - ref_out).norm() / ref_out.norm()).item(),
+            grad_error=(
+                (model.conv1.weight.grad.double() - ref_grad).norm() / ref_grad.norm()
+            ).item(),
+        )
         if name == "bf16":
             k = kernels(model, xin, device)
             r["nhwc_kernels"] = None if k is None else k["nhwc"]
@@ -108,12 +133,18 @@ def main(argv):
     # from every layer above: its error against float64 is several % in any layout. A layout mistake (a
     # wrongly permuted tensor) gives errors near 100%; channels_last must do as well as contiguous.
     grad_tol = max(TOL, 2 * nchw["grad_error"])
-    checks = {"every convolution output and weight gradient channels_last": cl["all_channels_last"],
-              f"output within {TOL:.0%} of float64": cl["output_error"] < TOL,
-              f"conv1 gradient within {100 * grad_tol:.1f}% of float64 (twice the contiguous bf16 error, at least "
-              f"{TOL:.0%})": cl["grad_error"] < grad_tol}
+    checks = {
+        "every convolution output and weight gradient channels_last": cl["all_channels_last"],
+        f"output within {TOL:.0%} of float64": cl["output_error"] < TOL,
+        f"conv1 gradient within {100 * grad_tol:.1f}% of float64 (twice the contiguous bf16 error, at least "
+        f"{TOL:.0%})": cl["grad_error"] < grad_tol,
+    }
     cl["failed"] = [k for k, v in checks.items() if not v]
-    print("bf16 channels_last: " + ("PASS" if not cl["failed"] else "FAIL: " + "; ".join(cl["failed"])), flush=True)
+    print(
+        "bf16 channels_last: "
+        + ("PASS" if not cl["failed"] else "FAIL: " + "; ".join(cl["failed"])),
+        flush=True,
+    )
     ok = not cl["failed"]
     if args.json:
         with open(args.json, "w") as f:

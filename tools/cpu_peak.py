@@ -11,6 +11,7 @@ thread count, in fp32 and, where bf16 is native, in bf16 (elsewhere bf16 is emul
 speed is no peak worth dividing by). A run of P processes x T threads is measured against
 P x peak(T): processes run side by side on their own cores.
 """
+
 import argparse
 import json
 import os
@@ -35,22 +36,40 @@ def matmul_gflops(dtype, threads, n=1024, seconds=1.0):
         t = time.perf_counter()
         torch.mm(a, b, out=out)
         best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 / best / 1e9
+    return 2 * n**3 / best / 1e9
 
 
 def measure(thread_counts, seconds=1.0):
     native_bf16, capability = cpu_bf16_support()
-    peaks = {"fp32": {str(t): round(matmul_gflops(torch.float32, t, seconds=seconds), 1) for t in thread_counts}}
+    peaks = {
+        "fp32": {
+            str(t): round(matmul_gflops(torch.float32, t, seconds=seconds), 1)
+            for t in thread_counts
+        }
+    }
     if native_bf16:
-        peaks["bf16"] = {str(t): round(matmul_gflops(torch.bfloat16, t, seconds=seconds), 1) for t in thread_counts}
-    return dict(capability=capability, native_bf16=native_bf16, peak_gflops=peaks,
-                method="best of torch.mm 1024 x 1024 over 1 s per thread count")
+        peaks["bf16"] = {
+            str(t): round(matmul_gflops(torch.bfloat16, t, seconds=seconds), 1)
+            for t in thread_counts
+        }
+    return dict(
+        capability=capability,
+        native_bf16=native_bf16,
+        peak_gflops=peaks,
+        method="best of torch.mm 1024 x 1024 over 1 s per thread count",
+    )
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--threads", default=str(os.cpu_count()), help="comma-separated thread counts (default: nproc)")
-    p.add_argument("--seconds", type=float, default=1.0, help="time spent per dtype and thread count")
+    p.add_argument(
+        "--threads",
+        default=str(os.cpu_count()),
+        help="comma-separated thread counts (default: nproc)",
+    )
+    p.add_argument(
+        "--seconds", type=float, default=1.0, help="time spent per dtype and thread count"
+    )
     p.add_argument("--json", help="also write the result here")
     args = p.parse_args()
     try:
@@ -61,7 +80,10 @@ def main():
     result = measure(counts, args.seconds)
     print(f"CPU: {result['capability']}, native bf16: {'yes' if result['native_bf16'] else 'no'}")
     for dtype, by_threads in result["peak_gflops"].items():
-        print(f"  {dtype} matmul peak: " + ", ".join(f"{g:.1f} GFLOP/s at {t} thread(s)" for t, g in by_threads.items()))
+        print(
+            f"  {dtype} matmul peak: "
+            + ", ".join(f"{g:.1f} GFLOP/s at {t} thread(s)" for t, g in by_threads.items())
+        )
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:

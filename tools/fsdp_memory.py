@@ -21,6 +21,7 @@ workers run with MALLOC_MMAP_THRESHOLD_=1048576 (unless set), which returns bloc
 (65536 made an FSDP run abort at exit, likely vm.max_map_count). FSDP's peak includes the whole model each
 process builds before sharding it, as the training script does (it loads a resumed state into it).
 """
+
 import argparse
 import datetime
 import json
@@ -35,18 +36,30 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = {"ddp": "distributed.py", "fsdp": "fsdp_distributed.py"}
 MB = 2**20
-COLUMNS = [("params", "parameters"), ("grads", "gradients"), ("momentum", "momentum"),
-           ("state", "params + grads + momentum"), ("buckets", "DDP gradient buckets"),
-           ("total", "all the above"),
-           ("rss_init", "RSS after init_distributed"), ("rss_built", "RSS after model + optimizer"),
-           ("rss_dist", "RSS after distribute"), ("rss_end", "RSS after training"), ("peak", "peak RSS (ru_maxrss)"),
-           ("above", "peak - RSS after import torch")]
+COLUMNS = [
+    ("params", "parameters"),
+    ("grads", "gradients"),
+    ("momentum", "momentum"),
+    ("state", "params + grads + momentum"),
+    ("buckets", "DDP gradient buckets"),
+    ("total", "all the above"),
+    ("rss_init", "RSS after init_distributed"),
+    ("rss_built", "RSS after model + optimizer"),
+    ("rss_dist", "RSS after distribute"),
+    ("rss_end", "RSS after training"),
+    ("peak", "peak RSS (ru_maxrss)"),
+    ("above", "peak - RSS after import torch"),
+]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--arch", nargs="+", default=["resnet152"], help="torchvision models, measured one after the "
-                   "other (default: resnet152)")
+    p.add_argument(
+        "--arch",
+        nargs="+",
+        default=["resnet152"],
+        help="torchvision models, measured one after the other (default: resnet152)",
+    )
     p.add_argument("--nproc", type=int, default=2, help="processes (default: 2)")
     p.add_argument("--batch", type=int, default=4, help="global batch (default: 4)")
     p.add_argument("--size", type=int, default=64, help="image size (default: 64)")
@@ -70,6 +83,7 @@ def as_typed(path):  # a path as a user types it in the checkout
 
 def worker(a):
     import torch  # noqa: F401  (the baseline: what every process pays before any model)
+
     rss_torch = rss()
     import contextlib
     import gc
@@ -84,8 +98,19 @@ def worker(a):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     rank, world, local_rank = (int(os.environ[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    args = script.build_parser().parse_args(["--dummy", "-a", a.arch[0], "-b", str(a.batch), "--image-size",
-                                             str(a.size), "--dist-backend", "gloo"])
+    args = script.build_parser().parse_args(
+        [
+            "--dummy",
+            "-a",
+            a.arch[0],
+            "-b",
+            str(a.batch),
+            "--image-size",
+            str(a.size),
+            "--dist-backend",
+            "gloo",
+        ]
+    )
     script.resolve_defaults(args, world)
     device = script.init_distributed(args, local_rank, rank, world)
     args.amp, args.channels_last, _ = script.choose_precision(args, device)
@@ -105,7 +130,10 @@ def worker(a):
     model.train()
     for step in range(a.steps):
         g = torch.Generator().manual_seed(step * world + rank)
-        images, target = torch.randn(per, 3, a.size, a.size, generator=g), torch.randint(0, 1000, (per,), generator=g)
+        images, target = (
+            torch.randn(per, 3, a.size, a.size, generator=g),
+            torch.randint(0, 1000, (per,), generator=g),
+        )
         loss, *_ = script.forward(model, images, target, args, device)
         optimizer.zero_grad()
         loss.backward()
@@ -120,12 +148,22 @@ def worker(a):
     if hasattr(model, "_get_ddp_logging_data"):  # DDP: its reducer's buckets, bytes each
         sizes = model._get_ddp_logging_data().get("bucket_sizes", "")
         buckets = sum(int(s) for s in str(sizes).split(",") if s.strip())
-    row = dict(n_params=n_params, params=nbytes(model.parameters()), grads=nbytes(p.grad for p in model.parameters()),
-               momentum=nbytes(s.get("momentum_buffer") for s in optimizer.state.values()), buckets=buckets,
-               rss_torch=rss_torch, rss_init=rss_init, rss_built=rss_built, rss_dist=rss_dist, rss_end=rss(),
-               peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-               optimizer=f"{type(optimizer).__module__}.{type(optimizer).__name__}", threads=torch.get_num_threads(),
-               groups=printed.getvalue().strip().split(": ", 1)[-1] if a.worker == "fsdp" else "")
+    row = dict(
+        n_params=n_params,
+        params=nbytes(model.parameters()),
+        grads=nbytes(p.grad for p in model.parameters()),
+        momentum=nbytes(s.get("momentum_buffer") for s in optimizer.state.values()),
+        buckets=buckets,
+        rss_torch=rss_torch,
+        rss_init=rss_init,
+        rss_built=rss_built,
+        rss_dist=rss_dist,
+        rss_end=rss(),
+        peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        optimizer=f"{type(optimizer).__module__}.{type(optimizer).__name__}",
+        threads=torch.get_num_threads(),
+        groups=printed.getvalue().strip().split(": ", 1)[-1] if a.worker == "fsdp" else "",
+    )
     row["state"] = row["params"] + row["grads"] + row["momentum"]
     row["total"] = row["state"] + row["buckets"]
     row["above"] = row["peak"] - row["rss_torch"]
@@ -133,7 +171,9 @@ def worker(a):
     dist.all_gather_object(rows, row)
     if rank == 0:
         with open(a.result, "w") as f:
-            json.dump({k: max(r[k] for r in rows) if isinstance(row[k], int) else row[k] for k in row}, f)
+            json.dump(
+                {k: max(r[k] for r in rows) if isinstance(row[k], int) else row[k] for k in row}, f
+            )
     script.shutdown()
 
 
@@ -143,12 +183,31 @@ def measure(a, arch, mode):
     env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}",
-               os.path.abspath(__file__), "--worker", mode, "--result", out, "--arch", arch,
-               "--batch", str(a.batch), "--size", str(a.size), "--steps", str(a.steps)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={a.nproc}",
+            os.path.abspath(__file__),
+            "--worker",
+            mode,
+            "--result",
+            out,
+            "--arch",
+            arch,
+            "--batch",
+            str(a.batch),
+            "--size",
+            str(a.size),
+            "--steps",
+            str(a.steps),
+        ]
         p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if p.returncode != 0 or not os.path.isfile(out):
-            sys.exit(f"fsdp_memory.py: {SCRIPTS[mode]} failed on {arch} (exit {p.returncode}):\n{p.stderr[-3000:]}")
+            sys.exit(
+                f"fsdp_memory.py: {SCRIPTS[mode]} failed on {arch} (exit {p.returncode}):\n{p.stderr[-3000:]}"
+            )
         with open(out) as f:
             return json.load(f)
 
@@ -156,43 +215,60 @@ def measure(a, arch, mode):
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            return next(
+                line.split(":", 1)[1].strip() for line in f if line.startswith("model name")
+            )
     except (OSError, StopIteration):
         return platform.processor() or "?"
 
 
 def report(a, runs, argv, load_before, load_after, wall):
     import torch
+
     command = "OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py" + "".join(
-        f" {shlex.quote(as_typed(x) if i and argv[i - 1] in ('--json', '--md') else x)}" for i, x in enumerate(argv))
-    lines = [f"# Memory per process: DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), {a.nproc} processes, CPU",
-             "",
-             f"{a.nproc} processes, global batch {a.batch} ({a.batch // a.nproc} per process) at {a.size} px, "
-             f"{a.steps} SGD step(s) with momentum, fp32. MiB per process, the largest over the ranks; FSDP's "
-             "tensors are its local shards (DTensor.to_local())."]
+        f" {shlex.quote(as_typed(x) if i and argv[i - 1] in ('--json', '--md') else x)}"
+        for i, x in enumerate(argv)
+    )
+    lines = [
+        f"# Memory per process: DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), {a.nproc} processes, CPU",
+        "",
+        f"{a.nproc} processes, global batch {a.batch} ({a.batch // a.nproc} per process) at {a.size} px, "
+        f"{a.steps} SGD step(s) with momentum, fp32. MiB per process, the largest over the ranks; FSDP's "
+        "tensors are its local shards (DTensor.to_local()).",
+    ]
     for arch, rows in runs.items():
         ddp, fsdp = rows["ddp"], rows["fsdp"]
-        lines += ["", f"## {arch}", "",
-                  f"{ddp['n_params'] / 1e6:.2f} M parameters; fsdp_distributed.py's distribute() made "
-                  f"{fsdp['groups']}; optimizer {fsdp['optimizer']}.",
-                  "", "| per process (MiB) | DDP | FSDP | FSDP / DDP |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            f"## {arch}",
+            "",
+            f"{ddp['n_params'] / 1e6:.2f} M parameters; fsdp_distributed.py's distribute() made "
+            f"{fsdp['groups']}; optimizer {fsdp['optimizer']}.",
+            "",
+            "| per process (MiB) | DDP | FSDP | FSDP / DDP |",
+            "|---|---:|---:|---:|",
+        ]
         for key, name in COLUMNS:
             d, f = ddp[key], fsdp[key]
-            lines.append(f"| {name} | {d / MB:.1f} | {f / MB:.1f} | {f'{f / d:.2f}' if d and f else '-'} |")
+            lines.append(
+                f"| {name} | {d / MB:.1f} | {f / MB:.1f} | {f'{f / d:.2f}' if d and f else '-'} |"
+            )
     threads = next(iter(runs.values()))["ddp"]["threads"]
-    lines += ["",
-              f"- command: `{command}`",
-              f"- date: {datetime.date.today().isoformat()}; {wall:.0f} s in all",
-              f"- machine: {cpu_name()}, {os.cpu_count()} cores; load average before {load_before}, after "
-              f"{load_after}; {threads} thread(s) per process; torch {torch.__version__}",
-              f"- MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', '1048576')} in the workers: glibc "
-              "returns freed blocks of 1 MiB and more at once, so RSS shows what is live rather than what the "
-              "allocator keeps for reuse",
-              "- the tensor rows are exact; the RSS rows include the allocator's and the libraries' overhead. "
-              "DDP's gradient buckets are a second copy of the gradients (distributed.py leaves "
-              "gradient_as_bucket_view off). FSDP's peak includes the whole model each process builds before "
-              "sharding it, as fsdp_distributed.py does; past that, its peak is set by the activations and by "
-              "the groups gathered whole at a time, the largest above all."]
+    lines += [
+        "",
+        f"- command: `{command}`",
+        f"- date: {datetime.date.today().isoformat()}; {wall:.0f} s in all",
+        f"- machine: {cpu_name()}, {os.cpu_count()} cores; load average before {load_before}, after "
+        f"{load_after}; {threads} thread(s) per process; torch {torch.__version__}",
+        f"- MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', '1048576')} in the workers: glibc "
+        "returns freed blocks of 1 MiB and more at once, so RSS shows what is live rather than what the "
+        "allocator keeps for reuse",
+        "- the tensor rows are exact; the RSS rows include the allocator's and the libraries' overhead. "
+        "DDP's gradient buckets are a second copy of the gradients (distributed.py leaves "
+        "gradient_as_bucket_view off). FSDP's peak includes the whole model each process builds before "
+        "sharding it, as fsdp_distributed.py does; past that, its peak is set by the activations and by "
+        "the groups gathered whole at a time, the largest above all.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -201,7 +277,9 @@ def main():
     if a.worker:
         return worker(a)
     if a.batch < 2 * a.nproc:  # BatchNorm needs 2 samples per process in training
-        sys.exit(f"fsdp_memory.py: --batch {a.batch} gives fewer than 2 images to each of {a.nproc} processes")
+        sys.exit(
+            f"fsdp_memory.py: --batch {a.batch} gives fewer than 2 images to each of {a.nproc} processes"
+        )
     with open("/proc/loadavg") as f:
         load_before = " ".join(f.read().split()[:3])
     t0 = datetime.datetime.now()
@@ -216,7 +294,11 @@ def main():
             f.write(text)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(nproc=a.nproc, batch=a.batch, size=a.size, steps=a.steps, runs=runs), f, indent=1)
+            json.dump(
+                dict(nproc=a.nproc, batch=a.batch, size=a.size, steps=a.steps, runs=runs),
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

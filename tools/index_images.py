@@ -18,6 +18,7 @@ added while this tool lists is never left out of an index that claims to be curr
 Several jobs may run it on the same data at once: each writes a temporary file of its own and
 renames it into place, so a reader sees a whole index or none, and the last rename wins.
 """
+
 import argparse
 import contextlib
 import glob
@@ -49,7 +50,10 @@ def write_index(path, samples):
 
 def folder_times(folder):
     """Every folder the listing walks (the folder itself and all below it) and its modification time."""
-    return {os.path.relpath(d, folder): os.stat(d).st_mtime_ns for d, _, _ in os.walk(folder, followlinks=True)}
+    return {
+        os.path.relpath(d, folder): os.stat(d).st_mtime_ns
+        for d, _, _ in os.walk(folder, followlinks=True)
+    }
 
 
 def index(folder, attempts=3):
@@ -64,9 +68,13 @@ def index(folder, attempts=3):
         if folder_times(folder) == before:
             break
     else:
-        raise distributed.UserError(f"{folder} changed while it was listed, {attempts} times: no index written")
-    samples.update(folders=np.asarray(list(before), dtype=str),
-                   mtimes=np.asarray(list(before.values()), dtype=np.int64))
+        raise distributed.UserError(
+            f"{folder} changed while it was listed, {attempts} times: no index written"
+        )
+    samples.update(
+        folders=np.asarray(list(before), dtype=str),
+        mtimes=np.asarray(list(before.values()), dtype=np.int64),
+    )
     errors = []
     paths = distributed.index_paths(folder)
     for path in paths:
@@ -75,7 +83,9 @@ def index(folder, attempts=3):
         except OSError as e:  # a read-only data folder: the user's cache
             errors.append(f"{path}: {e.strerror or e}")
             continue
-        if path == paths[0]:  # beside the data: indexes of this folder by an older version are stale
+        if (
+            path == paths[0]
+        ):  # beside the data: indexes of this folder by an older version are stale
             prefix = os.path.basename(path).rsplit("-", 1)[0]
             for old in glob.glob(os.path.join(os.path.dirname(path), prefix + "-*.npz")):
                 if old != path:
@@ -87,19 +97,29 @@ def index(folder, attempts=3):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("folders", nargs="+", metavar="DATA",
-                   help="a data folder with train/ and val/, or ImageFolder trees of class folders")
+    p.add_argument(
+        "folders",
+        nargs="+",
+        metavar="DATA",
+        help="a data folder with train/ and val/, or ImageFolder trees of class folders",
+    )
     args = p.parse_args(argv)
     folders = []
     for folder in args.folders:
-        splits = [os.path.join(folder, s) for s in ("train", "val") if os.path.isdir(os.path.join(folder, s))]
+        splits = [
+            os.path.join(folder, s)
+            for s in ("train", "val")
+            if os.path.isdir(os.path.join(folder, s))
+        ]
         folders += splits or [folder]
     try:
         for folder in folders:
             if not os.path.isdir(folder):
                 raise distributed.UserError(f"{folder} is not a folder")
             path, samples = index(folder)
-            print(f"{folder}: {len(samples['targets'])} images in {len(samples['classes'])} classes -> {path}")
+            print(
+                f"{folder}: {len(samples['targets'])} images in {len(samples['classes'])} classes -> {path}"
+            )
     except (distributed.UserError, OSError) as e:
         print(f"index_images.py: error: {e}", file=sys.stderr)
         return 2

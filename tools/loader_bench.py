@@ -25,6 +25,7 @@ not in what is cropped. CPU seconds (time.process_time) are the measure, so othe
 on a busy machine slow the wall clock but hardly the figures; rounds interleave the paths and
 the median round is reported.
 """
+
 import argparse
 import os
 import random
@@ -45,29 +46,42 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 def pil_path(size, train):
     import torchvision.transforms as T
     from torchvision.datasets.folder import default_loader
+
     normalize = T.Normalize(MEAN, STD)
-    tf = (T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), normalize]) if train else
-          T.Compose([T.Resize(int(size * 256 / 224)), T.CenterCrop(size), T.ToTensor(), normalize]))
+    tf = (
+        T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
+        if train
+        else T.Compose(
+            [T.Resize(int(size * 256 / 224)), T.CenterCrop(size), T.ToTensor(), normalize]
+        )
+    )
     return lambda path: tf(default_loader(path))
 
 
 def v2_transform(size, train):
     import torchvision.transforms.v2 as v2
+
     tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
     if train:
-        return v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()] + tail)
-    return v2.Compose([v2.Resize(int(size * 256 / 224), antialias=True), v2.CenterCrop(size)] + tail)
+        return v2.Compose(
+            [v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()] + tail
+        )
+    return v2.Compose(
+        [v2.Resize(int(size * 256 / 224), antialias=True), v2.CenterCrop(size)] + tail
+    )
 
 
 def pil_v2_path(size, train):
     import torchvision.transforms.v2.functional as TF
     from torchvision.datasets.folder import default_loader
+
     tf = v2_transform(size, train)
     return lambda path: tf(TF.pil_to_tensor(default_loader(path)))
 
 
 def tv_v2_path(size, train):
     import torchvision.io as io
+
     tf = v2_transform(size, train)
     return lambda path: tf(io.decode_image(io.read_file(path), mode=io.ImageReadMode.RGB))
 
@@ -83,6 +97,7 @@ def scripts_transform(size, train):
         image = tf(image)
         torch.default_generator.set_state(state)
         return image
+
     return apply
 
 
@@ -93,22 +108,35 @@ def tv_path(size, train):
 
 def simplejpeg_path(size, train):
     import simplejpeg
+
     tf = scripts_transform(size, train)
 
     def load(path):
         with open(path, "rb") as f:
             data = f.read()
         return tf(torch.from_numpy(simplejpeg.decode_jpeg(data, colorspace="RGB")).permute(2, 0, 1))
+
     return load
 
 
-PATHS = {"pil": pil_path, "pil-v2": pil_v2_path, "tv-v2": tv_v2_path, "tv": tv_path, "simplejpeg": simplejpeg_path}
+PATHS = {
+    "pil": pil_path,
+    "pil-v2": pil_v2_path,
+    "tv-v2": tv_v2_path,
+    "tv": tv_path,
+    "simplejpeg": simplejpeg_path,
+}
 
 
 def sample_files(data, split, n, seed):
     folder = os.path.join(data, split)
-    files = [os.path.join(d.path, f.name) for d in os.scandir(folder) if d.is_dir()
-             for f in os.scandir(d.path) if f.name.lower().endswith((".jpeg", ".jpg"))]
+    files = [
+        os.path.join(d.path, f.name)
+        for d in os.scandir(folder)
+        if d.is_dir()
+        for f in os.scandir(d.path)
+        if f.name.lower().endswith((".jpeg", ".jpg"))
+    ]
     if not files:
         raise SystemExit(f"loader_bench.py: error: no JPEG files under {folder}")
     files.sort()
@@ -126,12 +154,24 @@ def time_path(fn, files):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", default="data/imagenet-shaped", help="ImageFolder root with train/ and val/")
-    p.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {', '.join(PATHS)}")
-    p.add_argument("--images", type=int, default=300, help="images per split and round (default: 300)")
-    p.add_argument("--rounds", type=int, default=3, help="rounds; the median is reported (default: 3)")
+    p.add_argument(
+        "--data", default="data/imagenet-shaped", help="ImageFolder root with train/ and val/"
+    )
+    p.add_argument(
+        "--paths", default=",".join(PATHS), help=f"comma-separated subset of {', '.join(PATHS)}"
+    )
+    p.add_argument(
+        "--images", type=int, default=300, help="images per split and round (default: 300)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=3, help="rounds; the median is reported (default: 3)"
+    )
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--quick", action="store_true", help="training transform only, print the one figure (img/s/core)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="training transform only, print the one figure (img/s/core)",
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     torch.set_num_threads(1)  # a loader worker runs one thread (the DataLoader sets it so)
@@ -140,7 +180,9 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown path(s) {unknown}; choose from {', '.join(PATHS)}")
     if not os.path.isdir(args.data):
-        p.error(f"data folder {args.data} does not exist (make one: python tools/make_demo_data.py --imagenet)")
+        p.error(
+            f"data folder {args.data} does not exist (make one: python tools/make_demo_data.py --imagenet)"
+        )
     splits = [("train", True)] if args.quick else [("train", True), ("val", False)]
     random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -166,16 +208,22 @@ def main(argv=None):
     if args.quick:
         print(f"{statistics.median(cpu[names[0], 'train']):.0f}")
         return 0
-    print(f"# loader_bench.py: {args.data}, {sum(len(f) for f in files.values())} files "
-          f"(mean {np.mean(sizes) / 1000:.0f} KB), {args.image_size} px, median of {args.rounds} rounds, "
-          f"1 thread, torch {torch.__version__}")
-    print(f"| path | train img/s per core | val img/s per core | train vs pil | val vs pil | train img/s (wall) |")
+    print(
+        f"# loader_bench.py: {args.data}, {sum(len(f) for f in files.values())} files "
+        f"(mean {np.mean(sizes) / 1000:.0f} KB), {args.image_size} px, median of {args.rounds} rounds, "
+        f"1 thread, torch {torch.__version__}"
+    )
+    print(
+        f"| path | train img/s per core | val img/s per core | train vs pil | val vs pil | train img/s (wall) |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     med = {k: statistics.median(v) for k, v in cpu.items()}
     for name in paths:
         rel = [f"{med[name, s] / med['pil', s]:.2f}x" if "pil" in paths else "" for s, _ in splits]
-        print(f"| {name} | {med[name, 'train']:.0f} | {med[name, 'val']:.0f} | {rel[0]} | {rel[1]} | "
-              f"{statistics.median(wall[name, 'train']):.0f} |")
+        print(
+            f"| {name} | {med[name, 'train']:.0f} | {med[name, 'val']:.0f} | {rel[0]} | {rel[1]} | "
+            f"{statistics.median(wall[name, 'train']):.0f} |"
+        )
     for name, why in skipped.items():
         print(f"| {name} | skipped: {why} | | | | |")
     return 0

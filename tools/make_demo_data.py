@@ -22,6 +22,7 @@ sensor grain) that compresses like photos do (about 110 KB a file), plus a few g
 JPEGs, as ImageNet has. It uses every core (--jobs) and prints the set's mean file size and
 image size; the same --seed writes the same bytes whatever --jobs.
 """
+
 import argparse
 import math
 import multiprocessing
@@ -75,7 +76,9 @@ def shape_mask(shape, size, rng):
     if shape == "diamond":
         return abs(u) + abs(v) < r
     if shape == "dots":
-        return (np.sin(u / max(r, 1.0) * 2.5 * math.pi) * np.sin(v / max(r, 1.0) * 2.5 * math.pi) > 0.5) & (d < r * 1.3)
+        return (
+            np.sin(u / max(r, 1.0) * 2.5 * math.pi) * np.sin(v / max(r, 1.0) * 2.5 * math.pi) > 0.5
+        ) & (d < r * 1.3)
     raise ValueError(shape)
 
 
@@ -84,7 +87,9 @@ def draw(index, num_classes, rng):
     size = int(rng.integers(64, 161))  # varied sizes, as real photos are
     background = rng.uniform(40, 215, size=3)
     img = background + rng.normal(0, 25, size=(size, size, 3))
-    colour = hsv_to_rgb((hue + rng.uniform(-8, 8)) % 360, rng.uniform(0.7, 1.0), rng.uniform(0.75, 1.0))
+    colour = hsv_to_rgb(
+        (hue + rng.uniform(-8, 8)) % 360, rng.uniform(0.7, 1.0), rng.uniform(0.75, 1.0)
+    )
     img[shape_mask(shape, size, rng)] = colour
     img += rng.normal(0, 8, size=img.shape)
     return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
@@ -92,7 +97,9 @@ def draw(index, num_classes, rng):
 
 def per_class(total, num_classes):
     """Split `total` images over the classes as evenly as possible (first classes get the rest)."""
-    return [total // num_classes + (1 if c < total % num_classes else 0) for c in range(num_classes)]
+    return [
+        total // num_classes + (1 if c < total % num_classes else 0) for c in range(num_classes)
+    ]
 
 
 def write_split(out, split, counts, num_classes, rng):
@@ -100,15 +107,19 @@ def write_split(out, split, counts, num_classes, rng):
         folder = os.path.join(out, split, f"class_{c:03d}")
         os.makedirs(folder, exist_ok=True)
         for i in range(count):
-            draw(c, num_classes, rng).save(os.path.join(folder, f"{split}_{c:03d}_{i:05d}.JPEG"), quality=90)
+            draw(c, num_classes, rng).save(
+                os.path.join(folder, f"{split}_{c:03d}_{i:05d}.JPEG"), quality=90
+            )
 
 
 # ---- --imagenet: ImageNet-shaped data ----
-TEXTURE = 768        # side of the textures each image is cut from
-TEXTURES = 16        # textures per generator process (the same ones in every process)
-GRAIN = 1024         # side of the sensor-grain image
-GRAIN_SIGMA = 12.0   # grey levels of sensor grain: with DETAIL, sets how large the files are
-DETAIL = 1.05        # amplitude ratio from one octave of texture to the next finer (detail at every scale)
+TEXTURE = 768  # side of the textures each image is cut from
+TEXTURES = 16  # textures per generator process (the same ones in every process)
+GRAIN = 1024  # side of the sensor-grain image
+GRAIN_SIGMA = 12.0  # grey levels of sensor grain: with DETAIL, sets how large the files are
+DETAIL = (
+    1.05  # amplitude ratio from one octave of texture to the next finer (detail at every scale)
+)
 
 
 def imagenet_class_names(num_classes, seed):
@@ -142,8 +153,17 @@ def make_texture(rng):
     cells, amp = 3, 60.0
     while cells <= TEXTURE // 2:
         noise = rng.normal(0, 1, (cells, cells, 1)) + 0.5 * rng.normal(0, 1, (cells, cells, 3))
-        img += amp * np.stack([np.asarray(Image.fromarray(noise[:, :, c].astype(np.float32)).resize(
-            (TEXTURE, TEXTURE), Image.BICUBIC)) for c in range(3)], -1)
+        img += amp * np.stack(
+            [
+                np.asarray(
+                    Image.fromarray(noise[:, :, c].astype(np.float32)).resize(
+                        (TEXTURE, TEXTURE), Image.BICUBIC
+                    )
+                )
+                for c in range(3)
+            ],
+            -1,
+        )
         amp *= DETAIL
         cells *= 2
     texture = Image.fromarray(img.clip(0, 255).astype(np.uint8))
@@ -154,13 +174,20 @@ def make_texture(rng):
         x, y = rng.integers(0, TEXTURE, size=2)
         r = int(rng.integers(20, TEXTURE // 4))
         colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
-        box = [int(x - r), int(y - r * rng.uniform(0.4, 1.0)), int(x + r), int(y + r * rng.uniform(0.4, 1.0))]
+        box = [
+            int(x - r),
+            int(y - r * rng.uniform(0.4, 1.0)),
+            int(x + r),
+            int(y + r * rng.uniform(0.4, 1.0)),
+        ]
         if rng.random() < 0.5:
             draw.ellipse(box, fill=colour)
             draw_mask.ellipse(box, fill=int(rng.integers(120, 230)))
         else:
-            points = [(int(x + r * math.cos(a)), int(y + r * math.sin(a)))
-                      for a in np.sort(rng.uniform(0, 2 * math.pi, size=int(rng.integers(3, 7))))]
+            points = [
+                (int(x + r * math.cos(a)), int(y + r * math.sin(a)))
+                for a in np.sort(rng.uniform(0, 2 * math.pi, size=int(rng.integers(3, 7))))
+            ]
             draw.polygon(points, fill=colour)
             draw_mask.polygon(points, fill=int(rng.integers(120, 230)))
     # shapes take the texture's detail too (a flat fill would compress like a cartoon)
@@ -176,8 +203,12 @@ def bank(seed):
     if seed not in _BANK:
         rng = np.random.default_rng([seed, 1])
         textures = [make_texture(rng) for _ in range(TEXTURES)]
-        grain = Image.fromarray((128 + rng.normal(0, GRAIN_SIGMA, (GRAIN, GRAIN))).clip(0, 255).astype(np.uint8))
-        chroma = Image.fromarray((128 + rng.normal(0, GRAIN_SIGMA / 3, (GRAIN, GRAIN, 3))).clip(0, 255).astype(np.uint8))
+        grain = Image.fromarray(
+            (128 + rng.normal(0, GRAIN_SIGMA, (GRAIN, GRAIN))).clip(0, 255).astype(np.uint8)
+        )
+        chroma = Image.fromarray(
+            (128 + rng.normal(0, GRAIN_SIGMA / 3, (GRAIN, GRAIN, 3))).clip(0, 255).astype(np.uint8)
+        )
         _BANK[seed] = textures, ImageChops.add(grain.convert("RGB"), chroma, 1.0, -128)
     return _BANK[seed]
 
@@ -199,13 +230,17 @@ def photo(seed, split, index, label, num_classes):
     hue = label * 2 * math.pi / num_classes
     tint = 1 + 0.25 * np.cos(hue + np.array([0, 2.1, 4.2]))
     mix = rng.normal(0, 0.08, (3, 3)) + np.diag(tint * rng.uniform(0.85, 1.1))
-    im = im.convert("RGB", tuple(np.concatenate([mix, rng.uniform(-15, 15, (3, 1))], 1).ravel().tolist()))
+    im = im.convert(
+        "RGB", tuple(np.concatenate([mix, rng.uniform(-15, 15, (3, 1))], 1).ravel().tolist())
+    )
     for x0 in range(0, w, GRAIN):  # grain, tiled for the rare image larger than the grain image
         for y0 in range(0, h, GRAIN):
             tw, th = min(GRAIN, w - x0), min(GRAIN, h - y0)
             gx, gy = int(rng.integers(0, GRAIN - tw + 1)), int(rng.integers(0, GRAIN - th + 1))
             tile = im.crop((x0, y0, x0 + tw, y0 + th))
-            im.paste(ImageChops.add(tile, grain.crop((gx, gy, gx + tw, gy + th)), 1.0, -128), (x0, y0))
+            im.paste(
+                ImageChops.add(tile, grain.crop((gx, gy, gx + tw, gy + th)), 1.0, -128), (x0, y0)
+            )
     if rng.random() < 0.02:
         im = im.convert("L")
     return im
@@ -229,13 +264,30 @@ def write_imagenet(out, train, val, num_classes, seed, jobs):
         names, labels = [], []
         for c, count in enumerate(per_class(total, num_classes)):
             os.makedirs(os.path.join(out, split, classes[c]), exist_ok=True)
-            for i in range(count):  # ImageNet's names: n01440764/n01440764_10026.JPEG, ILSVRC2012_val_00000001.JPEG
-                file = f"{classes[c]}_{i + 1}.JPEG" if split == "train" else f"ILSVRC2012_val_{len(names) + 1:08d}.JPEG"
+            for i in range(
+                count
+            ):  # ImageNet's names: n01440764/n01440764_10026.JPEG, ILSVRC2012_val_00000001.JPEG
+                file = (
+                    f"{classes[c]}_{i + 1}.JPEG"
+                    if split == "train"
+                    else f"ILSVRC2012_val_{len(names) + 1:08d}.JPEG"
+                )
                 names.append(os.path.join(classes[c], file))
                 labels.append(c)
         chunk = 64
-        tasks += [(seed, split, split_id, s, names[s:s + chunk], labels[s:s + chunk], num_classes, out)
-                  for s in range(0, len(names), chunk)]
+        tasks += [
+            (
+                seed,
+                split,
+                split_id,
+                s,
+                names[s : s + chunk],
+                labels[s : s + chunk],
+                num_classes,
+                out,
+            )
+            for s in range(0, len(names), chunk)
+        ]
     start = time.perf_counter()
     stats = []
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
@@ -247,24 +299,51 @@ def write_imagenet(out, train, val, num_classes, seed, jobs):
         print()
     stats = np.array(stats, dtype=np.float64)
     elapsed = time.perf_counter() - start
-    print(f"wrote {train} training and {val} validation images in {num_classes} classes to {out} in "
-          f"{elapsed:.0f} s ({len(stats) / elapsed:.0f} images/s with {jobs} process(es))")
-    print(f"mean file size {stats[:, 0].mean() / 1000:.1f} KB (ImageNet: about 110 KB), mean image size "
-          f"{stats[:, 1].mean():.0f}x{stats[:, 2].mean():.0f} px (ImageNet: about 400x350), "
-          f"median {np.median(stats[:, 1]):.0f}x{np.median(stats[:, 2]):.0f}, "
-          f"{stats[:, 0].sum() / 1e9:.2f} GB in all")
+    print(
+        f"wrote {train} training and {val} validation images in {num_classes} classes to {out} in "
+        f"{elapsed:.0f} s ({len(stats) / elapsed:.0f} images/s with {jobs} process(es))"
+    )
+    print(
+        f"mean file size {stats[:, 0].mean() / 1000:.1f} KB (ImageNet: about 110 KB), mean image size "
+        f"{stats[:, 1].mean():.0f}x{stats[:, 2].mean():.0f} px (ImageNet: about 400x350), "
+        f"median {np.median(stats[:, 1]):.0f}x{np.median(stats[:, 2]):.0f}, "
+        f"{stats[:, 0].sum() / 1e9:.2f} GB in all"
+    )
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="data/demo", help="output folder (default: data/demo)")
-    p.add_argument("--imagenet", action="store_true",
-                   help="ImageNet-shaped data: 1000 classes, ImageNet's image sizes and file sizes (see above)")
-    p.add_argument("--classes", type=int, default=None, help="number of classes (default: 10; 1000 with --imagenet)")
-    p.add_argument("--train-images", type=int, default=None, help="training images in all (default: 64 per class)")
-    p.add_argument("--val-images", type=int, default=None, help="validation images in all (default: 16 per class)")
+    p.add_argument(
+        "--imagenet",
+        action="store_true",
+        help="ImageNet-shaped data: 1000 classes, ImageNet's image sizes and file sizes (see above)",
+    )
+    p.add_argument(
+        "--classes",
+        type=int,
+        default=None,
+        help="number of classes (default: 10; 1000 with --imagenet)",
+    )
+    p.add_argument(
+        "--train-images",
+        type=int,
+        default=None,
+        help="training images in all (default: 64 per class)",
+    )
+    p.add_argument(
+        "--val-images",
+        type=int,
+        default=None,
+        help="validation images in all (default: 16 per class)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes for --imagenet (default: all cores)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count(),
+        help="processes for --imagenet (default: all cores)",
+    )
     p.add_argument("--force", action="store_true", help="write even if the folder is not empty")
     args = p.parse_args(argv)
     if args.classes is None:
@@ -284,10 +363,16 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed)
     write_split(args.out, "train", per_class(train, args.classes), args.classes, rng)
     write_split(args.out, "val", per_class(val, args.classes), args.classes, rng)
-    with open(os.path.join(args.out, "DEMO_DATA.txt"), "w") as f:  # the training scripts look for this name
-        f.write("Demo data made by tools/make_demo_data.py. The training scripts use their few-minute demo\n"
-                "settings on this folder (global batch 32, 3 epochs, 2 loader workers), not ImageNet's.\n")
-    print(f"wrote {train} training and {val} validation images in {args.classes} classes to {args.out}")
+    with open(
+        os.path.join(args.out, "DEMO_DATA.txt"), "w"
+    ) as f:  # the training scripts look for this name
+        f.write(
+            "Demo data made by tools/make_demo_data.py. The training scripts use their few-minute demo\n"
+            "settings on this folder (global batch 32, 3 epochs, 2 loader workers), not ImageNet's.\n"
+        )
+    print(
+        f"wrote {train} training and {val} validation images in {args.classes} classes to {args.out}"
+    )
     return 0
 
 

@@ -21,6 +21,7 @@ What is counted, and why ResNet-18 at 224 px gives 10.65 GFLOPs rather than 3 x 
 - num_classes changes only the last linear layer (512 x 1000 MACs for ResNet-18: 0.03% of the
   total), so the default of 1000 is right to well under 0.1% for the demo data's 10 classes.
 """
+
 import argparse
 import functools
 import sys
@@ -75,9 +76,13 @@ def main():
         train = train_flops_per_image(args.arch, args.image_size, args.num_classes)
         fwd = forward_flops_per_image(args.arch, args.image_size, args.num_classes)
     except Exception as e:  # unknown arch, image too small for the model, ...
-        sys.exit(f"{sys.argv[0]}: cannot count {args.arch} at {args.image_size} px: {type(e).__name__}: {e}")
-    print(f"{args.arch} {args.image_size}px: {train / 1e9:.3f} GFLOPs per image for training (forward + backward); "
-          f"forward {fwd / 1e9:.3f} GFLOPs ({fwd / 2e9:.3f} GMACs), training / forward = {train / fwd:.2f}")
+        sys.exit(
+            f"{sys.argv[0]}: cannot count {args.arch} at {args.image_size} px: {type(e).__name__}: {e}"
+        )
+    print(
+        f"{args.arch} {args.image_size}px: {train / 1e9:.3f} GFLOPs per image for training (forward + backward); "
+        f"forward {fwd / 1e9:.3f} GFLOPs ({fwd / 2e9:.3f} GMACs), training / forward = {train / fwd:.2f}"
+    )
 
 
 if __name__ == "__main__":

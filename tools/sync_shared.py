@@ -9,15 +9,24 @@ Each script is self-contained on purpose (users copy one file), so the loop is c
 rather than imported; distributed.py is its one source of truth. Edit the loop there,
 then run this.
 """
+
 import os
 import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = "distributed.py"
-COPIES = ["dataparallel.py", "multiprocessing_distributed.py", "apex_distributed.py",
-          "horovod_distributed.py", "distributed_slurm_main.py", "fsdp_distributed.py"]
-BLOCK = re.compile(r"^# ---- shared: (?P<name>[\w-]+) .*?^# ---- end shared: (?P=name) ----$", re.M | re.S)
+COPIES = [
+    "dataparallel.py",
+    "multiprocessing_distributed.py",
+    "apex_distributed.py",
+    "horovod_distributed.py",
+    "distributed_slurm_main.py",
+    "fsdp_distributed.py",
+]
+BLOCK = re.compile(
+    r"^# ---- shared: (?P<name>[\w-]+) .*?^# ---- end shared: (?P=name) ----$", re.M | re.S
+)
 
 
 def blocks(text):
@@ -32,7 +41,9 @@ def read(name):
 def drift(source_blocks, copy_text):
     """Names of the source's blocks that the copy lacks or has changed."""
     theirs = blocks(copy_text)
-    return [n for n, m in source_blocks.items() if n not in theirs or theirs[n].group(0) != m.group(0)]
+    return [
+        n for n, m in source_blocks.items() if n not in theirs or theirs[n].group(0) != m.group(0)
+    ]
 
 
 def main(argv):
@@ -48,8 +59,10 @@ def main(argv):
         if not drifted:
             continue
         if check:
-            bad += [f"{name}: shared block '{b}' differs from {SOURCE} (run python tools/sync_shared.py)"
-                    for b in drifted]
+            bad += [
+                f"{name}: shared block '{b}' differs from {SOURCE} (run python tools/sync_shared.py)"
+                for b in drifted
+            ]
             continue
         missing = [b for b in drifted if b not in blocks(text)]
         if missing:
