@@ -14,7 +14,6 @@ project: `diff distributed.py <script>.py` shows exactly what another backend ch
 
 import argparse
 import contextlib
-import datetime
 import hashlib
 import io
 import json
@@ -44,13 +43,13 @@ for module, oldest in (
             f"not {module.__version__}: pip install -r requirements.txt"
         )
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.data
 import torchvision.models as models
 import torchvision.transforms.v2 as T
 import torchvision.transforms.v2.functional as TF
+from torch.distributed.elastic.multiprocessing.errors import record
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 
 SCRIPT = os.path.basename(__file__)

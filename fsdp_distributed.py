@@ -40,15 +40,15 @@ for module, oldest in ((torch, (2, 7)), (torchvision, (0, 22))):  # FSDP2 on CPU
             f"not {module.__version__}: pip install -r requirements.txt"
         )
 import torch.distributed as dist
-from torch.distributed.checkpoint import state_dict as dsd
-from torch.distributed.elastic.multiprocessing.errors import record
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.data
 import torchvision.models as models
 import torchvision.transforms.v2 as T
 import torchvision.transforms.v2.functional as TF
+from torch.distributed.checkpoint import state_dict as dsd
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 
 SCRIPT = os.path.basename(__file__)

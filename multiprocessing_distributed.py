@@ -44,8 +44,6 @@ for module, oldest in (
             f"not {module.__version__}: pip install -r requirements.txt"
         )
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.elastic.multiprocessing.errors import record
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
@@ -53,6 +51,8 @@ import torch.utils.data
 import torchvision.models as models
 import torchvision.transforms.v2 as T
 import torchvision.transforms.v2.functional as TF
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.elastic.multiprocessing.errors import record
 from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 
 SCRIPT = os.path.basename(__file__)

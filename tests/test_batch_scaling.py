@@ -13,14 +13,12 @@ import re
 
 import pytest
 import torch
-
 from conftest import (
     EXACT,
     PARAM_TOL,
     PY,
     ROOT,
     TINY,
-    launch_cmd,
     max_param_diff,
     metrics,
     params,

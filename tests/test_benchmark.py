@@ -8,9 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from PIL import Image
-
 from conftest import BIN, PY, ROOT, env, run
+from PIL import Image
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import benchmark_report  # noqa: E402

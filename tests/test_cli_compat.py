@@ -17,8 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torchvision
-
-from conftest import BIN, PY, ROOT, TINY, env, error_lines, metrics, needs_root, once, run, script
+from conftest import BIN, PY, ROOT, TINY, error_lines, metrics, needs_root, once, run, script
 
 SMALL = ["--image-size", "16", "-j", "0", "-b", "12", "-p", "100"]  # TINY without --epochs
 

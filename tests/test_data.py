@@ -14,13 +14,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from conftest import PY, ROOT, run
 
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
-import distributed  # noqa: E402
 import index_images  # noqa: E402
+
+import distributed  # noqa: E402
 
 IMAGENET_TRAIN = 1_281_167
 

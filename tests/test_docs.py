@@ -12,7 +12,6 @@ import re
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))

@@ -13,7 +13,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import (
     EXACT,
     PY,

@@ -13,7 +13,6 @@ import re
 
 import pytest
 import torch
-
 from conftest import (
     EXACT,
     PARAM_TOL,

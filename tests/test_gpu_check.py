@@ -13,7 +13,6 @@ import tarfile
 import time
 
 import pytest
-
 from conftest import PY, ROOT, SCRIPTS, env, run
 
 GPU_CHECK = os.path.join(ROOT, "tools", "gpu-check.sh")

@@ -13,7 +13,6 @@ import re
 import sys
 
 import pytest
-
 from conftest import (
     EXACT,
     PARAM_TOL,

@@ -33,7 +33,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import (
     BIN,
     CLUSTER,

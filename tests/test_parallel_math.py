@@ -11,7 +11,6 @@ the checkpoints and metrics with conftest's `reference`: one process, made once 
 import os
 
 import pytest
-
 from conftest import (
     EXACT,
     PARAM_TOL,
@@ -75,8 +74,9 @@ def test_training_gives_the_single_process_parameters(
 
 def test_two_torchrun_nodes_train_one_model(reference, tiny_data, tmp_path):
     """Two `torchrun --nnodes=2` agents on this machine, c10d rendezvous on 127.0.0.1."""
-    from conftest import BIN, env, free_port
     import subprocess
+
+    from conftest import BIN, env, free_port
 
     port = free_port()
     nodes = []
@@ -119,8 +119,9 @@ def test_two_torchrun_nodes_train_one_model(reference, tiny_data, tmp_path):
 
 def test_two_spawn_nodes_train_one_model(reference, tiny_data, tmp_path):
     """multiprocessing_distributed.py's multi-node form: --world-size nodes, --rank node, --dist-url."""
-    from conftest import env, free_port
     import subprocess
+
+    from conftest import env, free_port
 
     url = f"tcp://127.0.0.1:{free_port()}"
     nodes = [

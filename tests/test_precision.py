@@ -14,7 +14,6 @@ import os
 
 import pytest
 import torch
-
 from conftest import PY, ROOT, TINY, env, error_lines, metrics, run, script
 
 AVX2_ONLY = dict(ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2")

@@ -19,7 +19,6 @@ import time
 
 import pytest
 import torch
-
 from conftest import (
     BIN,
     PY,

@@ -10,7 +10,6 @@ import subprocess
 
 import pytest
 import torch
-
 from conftest import EXACT, PARAM_TOL, PY, ROOT, env, max_param_diff, params, run, script, torchrun
 from test_reliability import kill_all, workers
 
@@ -106,6 +105,7 @@ class Indices(torch.utils.data.Dataset):
 def global_steps(n, world_size, batch, start, steps=None, epoch=0):
     """The samples of each step of an epoch, over all processes, as the scripts' loaders give them."""
     import argparse
+
     import distributed
 
     args = argparse.Namespace(

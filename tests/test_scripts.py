@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import PY, ROOT, SCRIPTS, TINY, env, error_lines, launch_cmd, metrics, run, script
 
 REQUIRED_FIELDS = {

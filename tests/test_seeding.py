@@ -5,13 +5,11 @@ data set whose images are all the same picture, so any difference between two ba
 comes from the augmentation alone.
 """
 
-import argparse
 import os
 import shutil
 import sys
 
 import torch
-
 from conftest import ROOT
 
 sys.path.insert(0, ROOT)

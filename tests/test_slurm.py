@@ -26,7 +26,6 @@ import time
 import uuid
 
 import pytest
-
 from conftest import (
     CLUSTER,
     EXACT,

@@ -10,7 +10,6 @@ import signal
 import sys
 
 import pytest
-
 from conftest import PY, env, error_lines, run, script
 
 

@@ -24,7 +24,6 @@ import uuid
 
 import pytest
 import torch
-
 from conftest import CLUSTER, EXACT, PARAM_TOL, PY, ROOT, env, max_param_diff, params, run, script
 from test_slurm import require_slurm
 

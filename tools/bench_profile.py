@@ -7,7 +7,6 @@ gloo all_reduce of ResNet-18's gradients between 2 processes (what DDP adds per 
 """
 
 import argparse
-import os
 import time
 
 import torch

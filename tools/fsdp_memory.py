@@ -87,8 +87,8 @@ def worker(a):
     rss_torch = rss()
     import contextlib
     import gc
-    import io
     import importlib.util
+    import io
 
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor

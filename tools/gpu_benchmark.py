@@ -32,8 +32,8 @@ import shlex
 import signal
 import subprocess
 import sys
-import types
 import time
+import types
 
 TOOLS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TOOLS)

@@ -1151,7 +1151,7 @@ def parse_check(cmd):
     return cmd.dry() if cmd.dry else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def script_parser(script):
     path = os.path.join(ROOT, script)
     spec = importlib.util.spec_from_file_location("_gpu_check_" + script[:-3], path)

@@ -214,7 +214,7 @@ def main(argv=None):
         f"1 thread, torch {torch.__version__}"
     )
     print(
-        f"| path | train img/s per core | val img/s per core | train vs pil | val vs pil | train img/s (wall) |"
+        "| path | train img/s per core | val img/s per core | train vs pil | val vs pil | train img/s (wall) |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     med = {k: statistics.median(v) for k, v in cpu.items()}

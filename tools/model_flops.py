@@ -27,7 +27,7 @@ import functools
 import sys
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def train_flops_per_image(arch, image_size, num_classes=1000):
     """FLOPs (float) of one forward + backward pass of torchvision's `arch` per image of
     image_size x image_size pixels, counted on a batch of 2 on the meta device, divided by 2

@@ -512,7 +512,7 @@ def cmd_predict(args):
         fail(str(e))
     if args.markdown:
         print(
-            f"| link | nodes x GPUs | compression | accum | step (ms) | all-reduce (ms) | not hidden (ms) | images/s "
+            "| link | nodes x GPUs | compression | accum | step (ms) | all-reduce (ms) | not hidden (ms) | images/s "
             "| efficiency |"
         )
         print("|---|--:|---|--:|--:|--:|--:|--:|--:|")
