@@ -34,13 +34,12 @@ import PIL.Image
 import torch
 import torchvision
 
-for module, oldest in (
-    (torch, (2, 4)),
-    (torchvision, (0, 19)),
-):  # the first releases with every API used below
+# the first releases with every API used below
+for module, oldest in ((torch, (2, 4)), (torchvision, (0, 19))):
     if tuple(int(n) for n in re.findall(r"\d+", module.__version__)[:2]) < oldest:
+        need = ".".join(map(str, oldest))
         sys.exit(
-            f"{os.path.basename(__file__)}: error: needs {module.__name__} >= {'.'.join(map(str, oldest))}, "
+            f"{os.path.basename(__file__)}: error: needs {module.__name__} >= {need}, "
             f"not {module.__version__}: pip install -r requirements.txt"
         )
 import torch.distributed as dist
@@ -63,30 +62,21 @@ class UserError(Exception):
     """Bad input: reported as one line and a non-zero exit, never a traceback."""
 
 
-DEMO_MARK = (
-    "DEMO_DATA.txt"  # the file that marks a folder of demo data (tools/make_demo_data.py writes it)
-)
+DEMO_MARK = "DEMO_DATA.txt"  # marks a folder of demo data (tools/make_demo_data.py writes it)
 DEMO_DEFAULTS = dict(batch_size=32, epochs=3, workers=2)  # a few minutes on a laptop
 
 
 def build_parser():
     p = argparse.ArgumentParser(
         description=__doc__.split("\n")[0],
-        epilog="Defaults: pytorch/examples' ImageNet "
-        f"recipe, except on demo data (a folder with {DEMO_MARK}) and --dummy: {DEMO_DEFAULTS}",
+        epilog="Defaults: pytorch/examples' ImageNet recipe, except on demo data (a folder with "
+        f"{DEMO_MARK}) and --dummy: {DEMO_DEFAULTS}",
     )
+    p.add_argument("data_arg", nargs="?", metavar="DATA", help="data folder (pytorch/examples')")
     p.add_argument(
-        "data_arg", nargs="?", metavar="DATA", help="data folder, as pytorch/examples takes it"
+        "--data", metavar="DIR", help="train/ and val/ image folders (default: data/demo)"
     )
-    p.add_argument(
-        "--data", metavar="DIR", help="ImageFolder root with train/ and val/ (default: data/demo)"
-    )
-    p.add_argument(
-        "-a",
-        "--arch",
-        default="resnet18",
-        help="any torchvision classification model (default: resnet18)",
-    )
+    p.add_argument("-a", "--arch", default="resnet18", help="a torchvision classification model")
     p.add_argument(
         "-j",
         "--workers",
@@ -143,8 +133,8 @@ def build_parser():
     p.add_argument(
         "--auto-resume",
         action="store_true",
-        help="from OUTPUT_DIR/checkpoint.pth.tar if any (on SIGUSR1 "
-        "all processes stop at one step and save it)",
+        help="from OUTPUT_DIR/checkpoint.pth.tar if any (on SIGUSR1 all processes stop at one step "
+        "and save it)",
     )
     p.add_argument("-e", "--evaluate", action="store_true", help="only evaluate on val/")
     p.add_argument(
@@ -186,8 +176,8 @@ def build_parser():
         "--amp",
         choices=["off", "auto", "bf16", "fp16"],
         default="off",
-        help="mixed precision (auto: what "
-        "the hardware runs natively: bf16 from Ampere on and on AVX512_BF16/AMX CPUs, else fp16 on GPUs)",
+        help="mixed precision (auto: what the hardware runs natively: bf16 from Ampere on and on "
+        "AVX512_BF16/AMX CPUs, else fp16 on GPUs)",
     )
     p.add_argument(
         "--channels-last", action=argparse.BooleanOptionalAction, help="NHWC (default: with --amp)"
@@ -195,13 +185,13 @@ def build_parser():
     p.add_argument(
         "--fp64",
         action="store_true",
-        help="float64 (slow): N processes match one to ~1e-12, whatever the "
-        "kernels' summation order, which checks the parallel math",
+        help="float64 (slow): N processes match one to ~1e-12, whatever the kernels' summation "
+        "order, which checks the parallel math",
     )
     p.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the model (the compile time is logged apart)",
+        help="torch.compile the model (its compile time logged apart)",
     )
     p.add_argument(
         "--threads", type=int, default=0, help="intra-op threads per process (default: PyTorch's)"
@@ -214,8 +204,9 @@ def build_parser():
 
 
 def resolve_defaults(args, world_size):
-    """pytorch/examples' ImageNet recipe, except on the demo data. Loader workers: min(8, cores this process
-    may use / processes on its node); the launchers say how many a node runs, else one per GPU is assumed."""
+    """pytorch/examples' ImageNet recipe, except on the demo data. Loader workers: min(8, cores this
+    process may use / processes on its node); the launchers say how many a node runs, else one per
+    GPU is assumed."""
     if args.data_arg is not None and args.data not in (None, args.data_arg):
         raise UserError(f"two data folders: {args.data_arg} and --data {args.data}")
     args.data = args.data_arg or args.data or "data/demo"
@@ -224,28 +215,19 @@ def resolve_defaults(args, world_size):
         or os.path.normpath(args.data) == "data/demo"
         or os.path.isfile(os.path.join(args.data, DEMO_MARK))
     )
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )
-    local = next(
-        (
-            int(os.environ[v])
-            for v in ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
-            if os.environ.get(v, "").isdigit()
-        ),
-        None,
-    ) or min(world_size, torch.cuda.device_count() or world_size)
-    recipe = dict(batch_size=256, epochs=90, workers=min(8, cores // local) or 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local_sizes = ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+    local = next((int(os.environ[v]) for v in local_sizes if os.environ.get(v, "").isdigit()), None)
+    local = local or min(world_size, torch.cuda.device_count() or world_size)
+    recipe = dict(batch_size=256, epochs=90, workers=min(8, (cores or 1) // local) or 1)
     for name, value in (DEMO_DEFAULTS if args.demo else recipe).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.lr = 0.1 * args.batch_size / 256 if args.lr is None else args.lr
-    if (
-        args.warmup_epochs is None
-    ):  # Goyal et al. 2017 warmed up 5 epochs at 8k: an epoch a doubling up to there
-        args.warmup_epochs = float(
-            min(5, max(0, math.ceil(math.log2(max(args.batch_size, 1) / 256))))
-        )
+    # Goyal et al. 2017 warmed up 5 epochs at 8k: an epoch a doubling up to there
+    if args.warmup_epochs is None:
+        doublings = math.ceil(math.log2(max(args.batch_size, 1) / 256))
+        args.warmup_epochs = float(min(5, max(0, doublings)))
 
 
 # ---- end shared: options ----
@@ -355,11 +337,21 @@ def shutdown():
 # ---- shared: training (copied from distributed.py; tools/sync_shared.py keeps copies equal) ----
 ######## The loop: set-up, the epochs, train, validate, checkpoints ########
 
-STOP = []  # SIGUSR1 (Slurm's warning before a time limit or preemption) appends to it: all stop at one step
+# SIGUSR1 (Slurm's warning before a time limit or preemption) appends to it: all stop at one step
+STOP = []
+
+
+class Stopped(Exception):
+    """All processes stopped after the same step, as SIGUSR1 asked; `samples` of the epoch done."""
+
+    def __init__(self, samples):
+        super().__init__(samples)
+        self.samples = samples
 
 
 def main_worker(local_rank, rank, world_size, args):
-    try:  # every process checks alike, before any process group exists: bad input leaves no one waiting
+    # every process checks alike, before any process group exists: bad input leaves no one waiting
+    try:
         check_args(args, world_size)
     except UserError:
         report_once(rank)
@@ -374,35 +366,23 @@ def main_worker(local_rank, rank, world_size, args):
 
 def train_and_evaluate(args, device, local_rank, rank, world_size):
     args.amp, args.channels_last, why = choose_precision(args, device)
-    if (
-        args.deterministic
-    ):  # kernels that have no deterministic version (a few on CUDA) warn, not fail
-        os.environ.setdefault(
-            "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
-        )  # deterministic cuBLAS needs a fixed workspace
+    if args.deterministic:  # kernels without a deterministic version (a few on CUDA) warn, not fail
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for it
         torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = not args.deterministic
     train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
-    train_loader, train_sampler, val_loader = build_loaders(
-        train_set, val_set, args, rank, world_size, device
-    )
+    train_loader, val_loader = build_loaders(train_set, val_set, args, rank, world_size, device)
     if len(train_loader) == 0 and not args.evaluate:
         report_once(rank)
         raise UserError(
             f"the {len(train_set)} training images make no full batch of {args.batch_size}: "
             "lower --batch-size"
         )
-    torch.manual_seed(
-        args.seed
-    )  # the same initial weights in every process, as one process would have
+    torch.manual_seed(args.seed)  # the same initial weights in every process, as in one process
     model = create_model(args, num_classes)
     if args.sync_bn:
         model = sync_batchnorm(model)
-    model.to(
-        device,
-        torch.float64 if args.fp64 else torch.float32,
-        memory_format=torch.channels_last if args.channels_last else torch.contiguous_format,
-    )
+    model.to(device, **number_format(args))
     optimizer = build_optimizer(model, args, device)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
     start_epoch, best_acc1, start_sample = args.start_epoch, 0.0, 0
@@ -416,79 +396,46 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
     if args.compile:  # compile the inner model, then wrap it (PyTorch's advice for DDP)
         model = torch.compile(model)
     model, optimizer = distribute(model, optimizer, args, device)
-    eval_model = (
-        model if isinstance(model, nn.DataParallel) else bare_model
-    )  # DDP's forward would sync buffers
-    if rank == 0:  # the settings in effect, and why
-        opt, amp = (
-            type(optimizer),
-            "fp64" if args.fp64 else "fp32" if args.amp == "off" else args.amp,
-        )
-        per_process, k = args.batch_size // world_size, args.accum_steps
+    # DataParallel evaluates on all its GPUs; DDP's forward would sync buffers
+    eval_model = model if isinstance(model, nn.DataParallel) else bare_model
+    if rank == 0:
         print(
-            f"{SCRIPT}: amp: {amp} ({why}), channels_last {'on' if args.channels_last else 'off'}, optimizer "
-            f"{opt.__module__}.{opt.__name__}{' (fused)' if optimizer.defaults.get('fused') else ''}; {world_size} "
-            f"process(es), backend {args.dist_backend}, device {device.type}, {args.arch}, {torch.get_num_threads()} "
-            f"thread(s); batch {per_process} per process{f' in {k} micro-batches of {per_process // k}' * (k > 1)}"
-            f", gradients sent in {'fp32' if args.grad_compression == 'none' else args.grad_compression}, "
-            f"{args.epochs} epochs, lr {args.lr:g} (warmup {args.warmup_epochs:g} epochs, /10 every {args.lr_step}), "
-            f"weight decay {args.weight_decay:g}, {args.workers} loader workers per process "
-            f"({'demo settings' if args.demo else 'ImageNet recipe'}); start epoch {start_epoch}"
-            f"{f' at sample {start_sample}' if start_sample else ''}",
+            settings(args, optimizer, why, world_size, device, start_epoch, start_sample),
             flush=True,
         )
     if note:  # after the settings: the run's first line says what it runs, and why
         print(note, flush=True)
+    run_info = dict(script=SCRIPT, world_size=world_size, amp=args.amp, arch=args.arch)
+    run_info |= dict(batch_size=args.batch_size, accum_steps=args.accum_steps, device=device.type)
 
-    def checkpoint(
-        epoch, samples=0, is_best=False
-    ):  # the epoch to start at, and the samples of it trained
+    def checkpoint(epoch, samples=0, is_best=False):  # the epoch to start at, samples of it trained
         model_state, optimizer_state = full_state(bare_model, optimizer)
-        if (
-            rank == 0
-        ):  # seed and images fix the epoch's order, which a mid-epoch resume must continue
-            save_checkpoint(
-                dict(
-                    epoch=epoch,
-                    samples=samples,
-                    seed=args.seed,
-                    images=len(train_set),
-                    arch=args.arch,
-                    num_classes=num_classes,
-                    model=model_state,
-                    optimizer=optimizer_state,
-                    scaler=scaler.state_dict(),
-                    best_acc1=best_acc1,
-                ),
-                is_best,
-                args.output_dir,
-            )
+        # seed and images fix the epoch's order, which a mid-epoch resume must continue
+        state = dict(epoch=epoch, samples=samples, seed=args.seed, images=len(train_set))
+        state |= dict(arch=args.arch, num_classes=num_classes, best_acc1=best_acc1)
+        state |= dict(model=model_state, optimizer=optimizer_state, scaler=scaler.state_dict())
+        if rank == 0:
+            save_checkpoint(state, is_best, args.output_dir)
 
     if args.evaluate:
         val = validate(val_loader, eval_model, args, device, rank)
-        log_metrics(
-            args, rank, dict(script=SCRIPT, world_size=world_size, epoch=start_epoch, **val)
-        )
+        log_metrics(args, rank, run_info | dict(epoch=start_epoch) | val)
         return
     for epoch in range(start_epoch, args.epochs):
-        train_sampler.set_epoch(epoch, start_sample if epoch == start_epoch else 0)
-        seed = (
-            args.seed + rank + 100_003 * epoch
-        )  # the process's own draws (dropout): a resumed run draws alike
+        train_loader.sampler.set_epoch(epoch, start_sample if epoch == start_epoch else 0)
+        # the process's own draws (dropout): a resumed run draws alike
+        seed = args.seed + rank + 100_003 * epoch
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
-        stats, stopped_at = train(
-            train_loader, model, optimizer, scaler, epoch, args, device, rank, world_size
-        )
-        if (
-            stats is None
-        ):  # every process stops after the same step: save it, to go on from the next sample
-            checkpoint(epoch, stopped_at)
+        try:
+            stats = train(train_loader, model, optimizer, scaler, epoch, args, device, rank)
+        except Stopped as stop:  # saved, to go on from the next sample
+            checkpoint(epoch, stop.samples)
             if rank == 0:
                 print(
-                    f"{SCRIPT}: stopped on SIGUSR1 after sample {stopped_at} of epoch {epoch}: checkpoint saved; "
-                    "--auto-resume continues from there",
+                    f"{SCRIPT}: stopped on SIGUSR1 after sample {stop.samples} of epoch {epoch}: "
+                    "checkpoint saved; --auto-resume continues from there",
                     flush=True,
                 )
             return
@@ -496,115 +443,60 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         val = validate(val_loader, eval_model, args, device, rank)
         is_best, best_acc1 = val["val_acc1"] > best_acc1, max(val["val_acc1"], best_acc1)
         checkpoint(epoch + 1, 0, is_best)
-        log_metrics(
-            args,
-            rank,
-            dict(
-                script=SCRIPT,
-                world_size=world_size,
-                epoch=epoch,
-                amp=args.amp,
-                arch=args.arch,
-                batch_size=args.batch_size,
-                accum_steps=args.accum_steps,
-                device=device.type,
-                threads=torch.get_num_threads(),
-                **stats,
-                **val,
-            ),
-        )
-        if stopped_at:  # asked to stop in the epoch's last step: its checkpoint is saved
+        threads = torch.get_num_threads()
+        log_metrics(args, rank, run_info | dict(epoch=epoch, threads=threads) | stats | val)
+        if stop_asked(device):  # SIGUSR1 since the epoch's last step: the epoch is saved
             return
 
 
-def train(loader, model, optimizer, scaler, epoch, args, device, rank, world_size):
-    """One epoch, or the rest of one: --gradient-accumulation-steps K micro-batches, then one optimizer step.
-    Returns its statistics (None: stopped mid-epoch) and, when SIGUSR1 stopped it, the samples of the epoch trained."""
+def train(loader, model, optimizer, scaler, epoch, args, device, rank):
+    """One epoch, or the rest of one, in steps of --gradient-accumulation-steps K micro-batches, one
+    exchange of gradients and one optimizer step. Returns the epoch's statistics; raises Stopped
+    when a process got SIGUSR1."""
     model.train()
-    k_steps, start, global_batch = args.accum_steps, loader.sampler.start, args.batch_size
-    steps = len(loader) // k_steps
-    if (
-        steps == 0
-    ):  # resumed after the epoch's last full batch (e.g. with a larger -b): the epoch is done
+    k_steps, steps, sampler = args.accum_steps, len(loader) // args.accum_steps, loader.sampler
+    if steps == 0:  # resumed after the epoch's last full batch (e.g. with a larger -b): it is done
         if rank == 0:
             print(
-                f"Epoch [{epoch}]: no full batch of {global_batch} left after sample {start}: done",
+                f"Epoch [{epoch}]: no full batch of {args.batch_size} left after sample "
+                f"{sampler.start}: done",
                 flush=True,
             )
-        return {}, 0
-    # loss x n, top-1 and top-5 hits, n (as in validate) summed on the device, since reading them (.item()) would
-    # make the host wait every step; added up over the processes, with the stop flag, on print steps only
+        return {}
+    # loss x n, top-1 and top-5 hits, n (as in validate), summed on the device: reading them
+    # (.item()) would make the host wait every step; added over the processes on print steps only
     sums = torch.zeros(4, dtype=torch.float64, device=device)
-    untimed = min(
-        2, steps - 1
-    )  # steps left out of images/s: allocator and cudnn warm-up, compilation
-    data_time, t_start = 0.0, time.perf_counter()
-    t_fetch = t_warm = t_start
-    for i, (images, target) in enumerate(prefetch(start_workers(loader), device)):
-        data_time += time.perf_counter() - t_fetch
+    clock = EpochClock(steps)
+    for i, (images, target) in enumerate(clock.batches(prefetch(start_workers(loader), device))):
         step, k = divmod(i, k_steps)
         if k == 0:
-            t_warm = time.perf_counter() if step == untimed else t_warm
-            lr = set_learning_rate(
-                optimizer, args, epoch, (start + (step + 1) * global_batch) / loader.sampler.n
-            )
-        with (
-            no_sync(model) if k < k_steps - 1 else contextlib.nullcontext()
-        ):  # one exchange, in the last backward
+            clock.step_starts(step)
+            lr = set_learning_rate(optimizer, args, epoch, sampler.trained(step + 1) / sampler.n)
+        # the gradients are exchanged once a step, in its last backward
+        with no_sync(model) if k < k_steps - 1 else contextlib.nullcontext():
             loss, top1, top5, n = forward(model, images, target, args, device)
             scaler.scale(loss / k_steps).backward()
         sums[:3] += torch.stack([loss.detach().double() * n, top1.double(), top5.double()])
         sums[3] += n  # an in-place add of a Python number: no host-to-device copy, so no wait
-        if k == k_steps - 1:
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad()  # sets the gradients to None: the next backward writes them, no memset
-            if step % args.print_freq == 0 or step == steps - 1:
-                total = all_reduce_sum(torch.cat([sums, sums.new_tensor([len(STOP)])])).tolist()
-                if rank == 0:
-                    print(
-                        f"Epoch [{epoch}][{step + 1}/{steps}] loss {total[0] / total[3]:.4f} acc@1 "
-                        f"{100 * total[1] / total[3]:.2f} lr {lr:.6g} "
-                        f"{(time.perf_counter() - t_start) / (step + 1):.3f} s/step",
-                        flush=True,
-                    )
-                if (
-                    total[4] and step < steps - 1
-                ):  # a process got SIGUSR1: every process stops after this step
-                    return None, start + (step + 1) * global_batch
-        t_fetch = time.perf_counter()
-    # the last step printed, so `total` holds the epoch's sums: reading them waited for the GPU's work
-    elapsed, timed = time.perf_counter() - t_start, time.perf_counter() - t_warm
-    warm_s = t_warm - t_start  # its time beyond that of as many ordinary steps: compiling
-    compile_s = (
-        max(0.0, warm_s - untimed * timed / max(steps - untimed, 1)) if args.compile else None
-    )
-    if args.compile and rank == 0:
-        print(
-            f"compile: {compile_s:.1f} s in the first {untimed} step(s), left out of images/s",
-            flush=True,
-        )
-    peak_mb = (
-        torch.cuda.max_memory_allocated(device) / 2**20
-        if device.type == "cuda"
-        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    )
-    return dict(
-        train_loss=total[0] / total[3],
-        train_acc1=100 * total[1] / total[3],
-        lr=lr,
-        train_images_per_s=(total[3] - untimed * global_batch) / timed,
-        epoch_time_s=elapsed,
-        data_wait_frac=data_time / elapsed,
-        peak_memory_mb=peak_mb,
-        warmup_s=warm_s,
-        compile_s=compile_s,
-    ), start + steps * global_batch if total[4] else 0
+        if k < k_steps - 1:
+            continue
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()  # the gradients become None: the next backward writes them, no memset
+        if step % args.print_freq == 0 or step == steps - 1:
+            # the sums over all processes, and whether one got SIGUSR1: the only wait for the device
+            *total, asked = all_reduce_sum(torch.cat([sums, sums.new_tensor([len(STOP)])])).tolist()
+            report_step(total, epoch, step, steps, lr, clock.per_step(step), rank)
+            if asked and step < steps - 1:
+                raise Stopped(sampler.trained(step + 1))
+    # the last step printed: `total` holds the epoch's sums
+    return epoch_stats(total, lr, clock, args, device, rank)
 
 
 def set_learning_rate(optimizer, args, epoch, done):
-    """The step schedule (/10 every --lr-step epochs), raised linearly over the first --warmup-epochs: `done` is
-    the part of this epoch's images trained once this step is, so a resumed run, whatever its -b, goes on alike."""
+    """The step schedule (/10 every --lr-step epochs), raised linearly over the first
+    --warmup-epochs: `done` is the part of this epoch's images trained once this step is, so that a
+    resumed run, whatever its -b, goes on alike."""
     warm = min(1.0, (epoch + done) / args.warmup_epochs) if args.warmup_epochs else 1.0
     lr = args.lr * 0.1 ** (epoch // args.lr_step) * warm
     for group in optimizer.param_groups:
@@ -612,10 +504,110 @@ def set_learning_rate(optimizer, args, epoch, done):
     return lr
 
 
+def report_step(total, epoch, step, steps, lr, seconds_per_step, rank):
+    """Rank 0 prints the step's line."""
+    loss = total[0] / total[3]
+    if rank == 0:
+        print(
+            f"Epoch [{epoch}][{step + 1}/{steps}] loss {loss:.4f} acc@1 "
+            f"{100 * total[1] / total[3]:.2f} lr {lr:.6g} {seconds_per_step:.3f} s/step",
+            flush=True,
+        )
+
+
+class EpochClock:
+    """An epoch's seconds: in all, waiting for batches, and from the end of its first `untimed`
+    steps on, which images/s leaves out (allocator and cudnn warm-up, compilation)."""
+
+    def __init__(self, steps):
+        self.steps, self.untimed, self.data_s = steps, min(2, steps - 1), 0.0
+        self.start = self.warm = time.perf_counter()
+
+    def batches(self, loader):
+        """The loader's batches, the wait for each added to data_s."""
+        while True:
+            t = time.perf_counter()
+            batch = next(loader, None)
+            self.data_s += time.perf_counter() - t
+            if batch is None:
+                return
+            yield batch
+
+    def step_starts(self, step):
+        if step == self.untimed:
+            self.warm = time.perf_counter()
+
+    def per_step(self, step):
+        return (time.perf_counter() - self.start) / (step + 1)
+
+
+def epoch_stats(total, lr, clock, args, device, rank):
+    """The epoch's training figures in metrics.jsonl. With --compile, the time of the untimed steps
+    beyond that of as many ordinary steps is the compile time: printed, and left out of images/s."""
+    now = time.perf_counter()
+    elapsed, timed, warmup_s = now - clock.start, now - clock.warm, clock.warm - clock.start
+    compile_s = None
+    if args.compile:
+        step_s = timed / max(clock.steps - clock.untimed, 1)
+        compile_s = max(0.0, warmup_s - clock.untimed * step_s)
+        if rank == 0:
+            print(
+                f"compile: {compile_s:.1f} s in the first {clock.untimed} step(s), left out of "
+                "images/s",
+                flush=True,
+            )
+    if device.type == "cuda":
+        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return dict(
+        train_loss=total[0] / total[3],
+        train_acc1=100 * total[1] / total[3],
+        lr=lr,
+        train_images_per_s=(total[3] - clock.untimed * args.batch_size) / timed,
+        epoch_time_s=elapsed,
+        data_wait_frac=clock.data_s / elapsed,
+        peak_memory_mb=peak_mb,
+        warmup_s=warmup_s,
+        compile_s=compile_s,
+    )
+
+
+def stop_asked(device):
+    """Whether any process got SIGUSR1: one answer, the same in all of them."""
+    return all_reduce_sum(torch.tensor([len(STOP)], device=device)).item() > 0
+
+
+def settings(args, optimizer, why, world_size, device, start_epoch, start_sample):
+    """The run's first line: the settings in effect, and why."""
+    amp = "fp64" if args.fp64 else "fp32" if args.amp == "off" else args.amp
+    layout = "on" if args.channels_last else "off"
+    kind = type(optimizer)
+    fused = " (fused)" if optimizer.defaults.get("fused") else ""
+    per_process = args.batch_size // world_size
+    batch = f"batch {per_process} per process"
+    if args.accum_steps > 1:
+        batch += f" in {args.accum_steps} micro-batches of {per_process // args.accum_steps}"
+    sent = "fp32" if args.grad_compression == "none" else args.grad_compression
+    recipe = "demo settings" if args.demo else "ImageNet recipe"
+    start = f"start epoch {start_epoch}"
+    if start_sample:
+        start += f" at sample {start_sample}"
+    return (
+        f"{SCRIPT}: amp: {amp} ({why}), channels_last {layout}, optimizer {kind.__module__}."
+        f"{kind.__name__}{fused}; {world_size} process(es), backend {args.dist_backend}, device "
+        f"{device.type}, {args.arch}, {torch.get_num_threads()} thread(s); {batch}, gradients sent "
+        f"in {sent}, {args.epochs} epochs, lr {args.lr:g} (warmup {args.warmup_epochs:g} epochs, "
+        f"/10 every {args.lr_step}), weight decay {args.weight_decay:g}, {args.workers} loader "
+        f"workers per process ({recipe}); {start}"
+    )
+
+
 @torch.no_grad()
 def validate(loader, model, args, device, rank):
-    """Exact evaluation: each image is seen by one process, and the sums of loss, top-1 and top-5 hits and
-    images are added over all processes in one all_reduce, so the result does not depend on their number."""
+    """Exact evaluation: each image is seen by one process, and the sums of loss, top-1 and top-5
+    hits and images are added over all processes in one all_reduce, so the result does not depend
+    on their number."""
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     for images, target in prefetch(start_workers(loader), device):
@@ -623,84 +615,76 @@ def validate(loader, model, args, device, rank):
         sums[:3] += torch.stack([loss_sum.double(), top1.double(), top5.double()])
         sums[3] += n
     loss_sum, top1, top5, n = all_reduce_sum(sums).tolist()
-    result = dict(
-        val_loss=loss_sum / max(n, 1),
-        val_acc1=100 * top1 / max(n, 1),
-        val_acc5=100 * top5 / max(n, 1),
-        val_images=int(round(n)),
-    )
+    n = max(n, 1)
+    result = dict(val_loss=loss_sum / n, val_acc1=100 * top1 / n, val_acc5=100 * top5 / n)
+    result["val_images"] = int(round(n))
     if rank == 0:
         print(
-            f" * Acc@1 {result['val_acc1']:.3f} Acc@5 {result['val_acc5']:.3f} loss {result['val_loss']:.4f} "
-            f"({result['val_images']} images)",
+            f" * Acc@1 {result['val_acc1']:.3f} Acc@5 {result['val_acc5']:.3f} loss "
+            f"{result['val_loss']:.4f} ({result['val_images']} images)",
             flush=True,
         )
     return result
 
 
 def forward(model, images, target, args, device, reduction="mean"):
-    """Batch to the device, model and loss under autocast (cross_entropy in fp32): (loss, top-1 and top-5 hits, n).
-    inception_v3 and googlenet add auxiliary outputs in training, weighted as in torchvision's references."""
-    images = images.to(
-        device,
-        torch.float64 if args.fp64 else torch.float32,
-        non_blocking=True,
-        memory_format=torch.channels_last if args.channels_last else torch.contiguous_format,
-    )
+    """The batch to the device, model and loss under autocast (cross_entropy in fp32): (loss, top-1
+    and top-5 hits, n). inception_v3 and googlenet add auxiliary outputs in training, weighted as in
+    torchvision's references."""
+    images = images.to(device, non_blocking=True, **number_format(args))
     target = target.to(device, non_blocking=True)
-    with torch.autocast(
-        device.type,
-        dtype=torch.float16 if args.amp == "fp16" else torch.bfloat16,
-        enabled=args.amp != "off",
-    ):
+    half = torch.float16 if args.amp == "fp16" else torch.bfloat16
+    with torch.autocast(device.type, dtype=half, enabled=args.amp != "off"):
         output = model(images)
-        output, *aux = (
-            [o for o in output if o is not None] if isinstance(output, tuple) else [output]
-        )
+        outputs = [o for o in output if o is not None] if isinstance(output, tuple) else [output]
+        output, *aux = outputs
         loss = F.cross_entropy(output, target, reduction=reduction)
         loss = loss + sum((0.4 if len(aux) == 1 else 0.3) * F.cross_entropy(a, target) for a in aux)
     hits = output.detach().topk(min(5, output.shape[1]), dim=1).indices == target[:, None]
     return loss, hits[:, 0].sum(), hits.any(dim=1).sum(), target.shape[0]
 
 
+def number_format(args):
+    """The dtype and memory format of the model's weights and of its input batches."""
+    channels_last = torch.channels_last if args.channels_last else torch.contiguous_format
+    return dict(dtype=torch.float64 if args.fp64 else torch.float32, memory_format=channels_last)
+
+
 def average_buffers(model, world_size):
-    """BatchNorm's running statistics differ between processes (each saw its own shards): averaged, every
-    process evaluates, and rank 0 saves, one and the same model."""
+    """BatchNorm's running statistics differ between processes (each saw its own shards): averaged,
+    every process evaluates, and rank 0 saves, one and the same model."""
     buffers = [b for b in model.buffers() if b.is_floating_point()]
     if world_size == 1 or not buffers:
         return
-    flat = (
-        all_reduce_sum(torch.cat([b.detach().double().reshape(-1) for b in buffers])) / world_size
-    )
-    for b, value in zip(buffers, flat.split([b.numel() for b in buffers])):
+    flat = all_reduce_sum(torch.cat([b.detach().double().reshape(-1) for b in buffers]))
+    values = (flat / world_size).split([b.numel() for b in buffers])
+    for b, value in zip(buffers, values, strict=True):
         b.copy_(value.view_as(b))
 
 
 def save_checkpoint(state, is_best, output_dir):
-    """Atomic: serialized in memory (torch.save into a file turns a full disk into an opaque error), written to a
-    temporary file, synced, renamed over the old file. A crash or failed write leaves the old file whole."""
+    """Atomic: serialized in memory (torch.save into a file turns a full disk into an opaque error),
+    written to a temporary file, synced, renamed over the old file. A crash or failed write leaves
+    the old file whole. model_best is a hard link to the checkpoint just written, where links
+    work."""
     data, written = io.BytesIO(), None
     torch.save(state, data)
-    for name in (
-        ("checkpoint.pth.tar", "model_best.pth.tar") if is_best else ("checkpoint.pth.tar",)
-    ):
+    names = ("checkpoint.pth.tar", "model_best.pth.tar") if is_best else ("checkpoint.pth.tar",)
+    for name in names:
         path = os.path.join(output_dir, name)
-        tmp = f"{path}.tmp-{socket.gethostname()}"  # a killed writer's is replaced by the next save on its host
+        # a killed writer's file is replaced by the next save on its host
+        tmp = f"{path}.tmp-{socket.gethostname()}"
         try:
-            try:  # model_best: a hard link to the checkpoint just written, the same bytes without writing them again
+            try:
                 os.link(written, tmp)
-            except (
-                TypeError,
-                OSError,
-            ):  # the first file (written is None), no hard links here, a killed writer's tmp
+            except (TypeError, OSError):  # the first file (written is None), no links, a stale tmp
                 with open(tmp, "wb") as f:
                     f.write(data.getbuffer())
                     f.flush()
                     os.fsync(f.fileno())
             os.replace(tmp, path)
-            folder = os.open(
-                output_dir, os.O_RDONLY
-            )  # the rename survives a power cut once the folder is synced
+            # the rename survives a power cut once the folder is synced
+            folder = os.open(output_dir, os.O_RDONLY)
             os.fsync(folder)
             os.close(folder)
         except OSError as e:
@@ -712,12 +696,11 @@ def save_checkpoint(state, is_best, output_dir):
 
 
 def load_checkpoint(path, model, optimizer, scaler, args, num_classes, images):
-    """Loads the checkpoints of every script here, whatever their --amp, and pytorch/examples' (whose names
-    DataParallel and DDP prefix with "module."). Returns the epoch, best Acc@1 and samples trained of it."""
-    try:
-        ckpt = torch.load(
-            path, map_location="cpu", weights_only=True
-        )  # a checkpoint cannot run code
+    """Loads the checkpoints of every script here, whatever their --amp, and pytorch/examples'
+    (whose names DataParallel and DDP prefix with "module."). Returns the epoch, best Acc@1 and the
+    samples of the epoch trained."""
+    try:  # weights_only: a checkpoint cannot run code
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise UserError(f"cannot load checkpoint {path}: {str(e).splitlines()[0]}") from None
     weights = ckpt.get("model", ckpt.get("state_dict")) if isinstance(ckpt, dict) else None
@@ -725,45 +708,31 @@ def load_checkpoint(path, model, optimizer, scaler, args, num_classes, images):
         raise UserError(
             f"checkpoint {path} has no model weights and epoch: not a training checkpoint"
         )
-    nn.modules.utils.consume_prefix_in_state_dict_if_present(
-        weights, "module."
-    )  # keeps the versions MNASNet reads
-    classes = ckpt.get("num_classes") or next(
-        (
-            v.shape[0]
-            for k, v in reversed(weights.items())  # the classifier's
-            if k.endswith("weight") and v.dim() >= 2
-        ),
-        None,
-    )
+    # in place: the state dict keeps the module versions that MNASNet reads
+    nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
+    matrices = [v for k, v in weights.items() if k.endswith("weight") and v.dim() >= 2]
+    classes = ckpt.get("num_classes") or (matrices[-1].shape[0] if matrices else None)
     if ckpt.get("arch") != args.arch or classes != num_classes:
         raise UserError(
             f"checkpoint {path} is for {ckpt.get('arch')} with {classes} classes, "
             f"not --arch {args.arch} with {num_classes}"
         )
-    order = (
-        ckpt.get("seed", args.seed),
-        ckpt.get("images", images),
-    )  # what shuffled the stopped epoch
+    order = ckpt.get("seed", args.seed), ckpt.get("images", images)  # shuffled the stopped epoch
     if ckpt.get("samples") and order != (args.seed, images) and not args.evaluate:
         raise UserError(
-            f"checkpoint {path} stopped mid-epoch in the order of --seed {order[0]} over {order[1]} "
-            f"training images: resume it with those, not --seed {args.seed} over {images}"
+            f"checkpoint {path} stopped mid-epoch in the order of --seed {order[0]} over "
+            f"{order[1]} training images: resume it with those, not --seed {args.seed} over "
+            f"{images}"
         )
     try:
         model.load_state_dict(weights)
         optimizer.load_state_dict(ckpt["optimizer"])
     except (KeyError, ValueError, RuntimeError) as e:
-        raise UserError(
-            f"checkpoint {path} does not fit the model: {str(e).strip().splitlines()[0]}"
-        ) from None
-    for (
-        group
-    ) in optimizer.param_groups:  # fused or not is this machine's choice, not the saving machine's
+        why = str(e).strip().splitlines()[0]
+        raise UserError(f"checkpoint {path} does not fit the model: {why}") from None
+    for group in optimizer.param_groups:  # fused or not is this machine's choice, not the saver's
         group["fused"] = optimizer.defaults.get("fused")
-    if ckpt.get(
-        "scaler"
-    ):  # empty when written without fp16 (a disabled GradScaler): the fresh one starts
+    if ckpt.get("scaler"):  # empty when saved without fp16 (a disabled GradScaler): a fresh one
         scaler.load_state_dict(ckpt["scaler"])
     return ckpt["epoch"], float(ckpt.get("best_acc1", 0.0)), ckpt.get("samples", 0)
 
@@ -781,8 +750,9 @@ def create_model(args, num_classes):
 
 
 def build_optimizer(model, args, device):
-    """On CUDA, fused SGD (one kernel for all parameters), except under fp16's GradScaler: a fused step that
-    overflows skips writing the momentum buffers it has just allocated, and the next step reads garbage."""
+    """On CUDA, fused SGD (one kernel for all parameters), except under fp16's GradScaler: a fused
+    step that overflows skips writing the momentum buffers it has just allocated, and the next step
+    reads garbage."""
     fused = (device.type == "cuda" and args.amp != "fp16") or None
     return torch.optim.SGD(
         model.parameters(), args.lr, args.momentum, weight_decay=args.weight_decay, fused=fused
@@ -818,20 +788,16 @@ def build_datasets(args, local_rank, rank):
     (train_samples, index, why), (val_samples, _, val_why) = [
         list_images(os.path.join(args.data, split)) for split in ("train", "val")
     ]
-    how = (
-        f"read the image lists from {os.path.dirname(index)}"
-        if index
-        else "listed the images" + (f" ({why or val_why})" if why or val_why else "")
-    )  # one line a node, naming the host
-    note = (
-        f"rank {rank} on {socket.gethostname()}: {how}: {len(train_samples['targets'])} train, "
-        f"{len(val_samples['targets'])} val"
-        if local_rank == 0
-        else ""
-    )
-    train = ImageList(os.path.join(args.data, "train"), train_samples, train_tf)
+    if index:
+        how = f"read the image lists from {os.path.dirname(index)}"
+    else:
+        how = f"listed the images ({why or val_why})" if why or val_why else "listed the images"
+    note = ""
+    if local_rank == 0:  # one line a node, naming the host
+        counts = f"{len(train_samples['targets'])} train, {len(val_samples['targets'])} val"
+        note = f"rank {rank} on {socket.gethostname()}: {how}: {counts}"
     return (
-        train,
+        ImageList(os.path.join(args.data, "train"), train_samples, train_tf),
         ImageList(os.path.join(args.data, "val"), val_samples, val_tf),
         len(train_samples["classes"]),
         note,
@@ -839,37 +805,31 @@ def build_datasets(args, local_rank, rank):
 
 
 def list_images(folder):
-    """The samples of an ImageFolder tree, the index read (None: listed) and why none was. Listing ImageNet takes
-    minutes on a network filesystem: an index (tools/index_images.py) is read instead while every folder below has
-    its time from before the index was made (adding, removing or renaming an image changes its folder's time)."""
+    """The samples of an ImageFolder tree, the index read (None: listed) and why none was. Listing
+    ImageNet takes minutes on a network filesystem: an index (tools/index_images.py) is read instead
+    while every folder below has its time from before the index was made (adding, removing or
+    renaming an image changes its folder's time)."""
     why = ""
     for index in index_paths(folder):
-        with (
-            contextlib.suppress(Exception),
-            np.load(index) as z,
-        ):  # none there (the usual case), or damaged
-            samples = {
-                k: z[k] for k in ("paths", "offsets", "targets", "classes", "folders", "mtimes")
-            }
-            changed = [
-                f
-                for f, t in zip(
-                    samples["folders"], samples["mtimes"]
-                )  # (a folder gone raises: list them)
-                if os.stat(os.path.join(folder, f)).st_mtime_ns != t
-            ]
+        # none there (the usual case), or damaged: the images are listed
+        with contextlib.suppress(Exception), np.load(index) as z:
+            keys = ("paths", "offsets", "targets", "classes", "folders", "mtimes")
+            samples = {k: z[k] for k in keys}
+            # a folder gone raises: the images are listed
+            times = zip(samples["folders"], samples["mtimes"], strict=True)
+            changed = [f for f, t in times if os.stat(os.path.join(folder, f)).st_mtime_ns != t]
             if not changed:
                 return samples, index, ""
-            why = f"{index} is out of date, {os.path.join(folder, changed[0])} changed: run tools/index_images.py"
+            why = (
+                f"{index} is out of date, {os.path.join(folder, changed[0])} changed: "
+                "run tools/index_images.py"
+            )
     classes = sorted(d.name for d in os.scandir(folder) if d.is_dir())
     paths, targets = [], []
     for target, c in enumerate(classes):
         for dirpath, _, files in sorted(os.walk(os.path.join(folder, c), followlinks=True)):
-            paths += [
-                os.path.join(os.path.relpath(dirpath, folder), f)
-                for f in sorted(files)
-                if f.lower().endswith(IMG_EXTENSIONS)
-            ]
+            images = [f for f in sorted(files) if f.lower().endswith(IMG_EXTENSIONS)]
+            paths += [os.path.join(os.path.relpath(dirpath, folder), f) for f in images]
             targets += [target] * (len(paths) - len(targets))
     if not paths:
         raise UserError(f"{folder} has no images ({', '.join(IMG_EXTENSIONS[:3])}, ...)")
@@ -877,18 +837,20 @@ def list_images(folder):
 
 
 def index_paths(folder):
-    """Beside the data, or in the user's cache for read-only data; named after the folder's real path."""
+    """Beside the data, or in the user's cache for read-only data; named after the folder's real
+    path."""
     real = os.path.realpath(folder)
-    name = f"index-{os.path.basename(real)}-{hashlib.sha1(json.dumps(['v3', real]).encode()).hexdigest()[:16]}.npz"
-    home = os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pytorch-distributed"
-    )
-    return [os.path.join(os.path.dirname(real), ".image-lists", name), os.path.join(home, name)]
+    digest = hashlib.sha1(json.dumps(["v3", real]).encode()).hexdigest()[:16]
+    name = f"index-{os.path.basename(real)}-{digest}.npz"
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    beside = os.path.join(os.path.dirname(real), ".image-lists", name)
+    return [beside, os.path.join(cache, "pytorch-distributed", name)]
 
 
 def pack_samples(paths, targets, classes):
-    """Paths as one byte array with offsets: 1.28M take ~50 MB, and a forked loader worker reading them copies
-    none of their pages (a Python string's page is copied whenever its reference count changes)."""
+    """Paths as one byte array with offsets: 1.28M take ~50 MB, and a forked loader worker reading
+    them copies none of their pages (a Python string's page is copied whenever its reference count
+    changes)."""
     encoded = [p.encode() for p in paths]
     offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=offsets[1:])
@@ -901,51 +863,46 @@ def pack_samples(paths, targets, classes):
 
 
 class ImageList(torch.utils.data.Dataset):
-    """ImageFolder over packed samples. An item is (index, seed) from EpochSampler: the augmentation depends
-    on those alone, not on which (persistent) loader worker reads it, nor on the number of processes."""
+    """ImageFolder over packed samples. An item is (index, seed) from EpochSampler: the augmentation
+    depends on those alone, not on which (persistent) loader worker reads it, nor on the number of
+    processes."""
 
     def __init__(self, root, samples, transform):
         self.root, self.transform = root, transform
-        self.paths, self.offsets, self.targets = (
-            samples["paths"],
-            samples["offsets"],
-            samples["targets"],
-        )
+        self.paths, self.offsets = samples["paths"], samples["offsets"]
+        self.targets = samples["targets"]
 
     def __len__(self):
         return len(self.targets)
 
     def path(self, i):
-        return os.path.join(
-            self.root, self.paths[self.offsets[i] : self.offsets[i + 1]].tobytes().decode()
-        )
+        name = self.paths[self.offsets[i] : self.offsets[i + 1]].tobytes().decode()
+        return os.path.join(self.root, name)
 
     def __getitem__(self, item):
         i, seed = item if isinstance(item, tuple) else (item, 0)
         try:
             image = read_image(self.path(i))
         except Exception as e:
-            raise UserError(
-                f"cannot read image {self.path(i)}: {str(e).strip().splitlines()[-1]}"
-            ) from None
+            why = str(e).strip().splitlines()[-1]
+            raise UserError(f"cannot read image {self.path(i)}: {why}") from None
         with torch.random.fork_rng(devices=[]):  # the worker's own generator is left as it was
             torch.default_generator.manual_seed((seed * 2**32 + i) % 2**63)
             return self.transform(image), int(self.targets[i])
 
 
 def transforms(size, augment):
-    """torchvision's ImageNet recipe on uint8 tensors: for training RandomResizedCrop (scale 0.08-1) and
-    a horizontal flip; for evaluation the shorter side resized to size x 256/224 and a centre crop."""
+    """torchvision's ImageNet recipe on uint8 tensors: for training RandomResizedCrop (scale 0.08-1)
+    and a horizontal flip; for evaluation the shorter side resized to size x 256/224 and a centre
+    crop."""
     normalize = [
         T.ToDtype(torch.float32, scale=True),
         T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
     ]
-    val = T.Compose(
-        [T.Resize(int(size * 256 / 224), antialias=True), T.CenterCrop(size), *normalize]
-    )
-    return T.Compose(
-        [T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip(), *normalize]
-    ) if augment else val, val
+    centre = [T.Resize(int(size * 256 / 224), antialias=True), T.CenterCrop(size)]
+    augmentation = [T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip()]
+    val = T.Compose(centre + normalize)
+    return (T.Compose(augmentation + normalize) if augment else val), val
 
 
 class FakeData(torch.utils.data.Dataset):
@@ -959,15 +916,15 @@ class FakeData(torch.utils.data.Dataset):
 
     def __getitem__(self, item):
         i = item[0] if isinstance(item, tuple) else item
-        return torch.randn(
-            3, self.size, self.size, generator=torch.Generator().manual_seed(i)
-        ), i % self.num_classes
+        image = torch.randn(3, self.size, self.size, generator=torch.Generator().manual_seed(i))
+        return image, i % self.num_classes
 
 
 class EpochSampler(torch.utils.data.Sampler):
-    """This process's share of an epoch, as (index, seed) pairs. All processes shuffle alike, and process r of
-    W takes every W-th sample from the r-th: the W shards of step s make global batch s, as one process has it.
-    `start` skips what a run stopped mid-epoch trained: resumed with any processes or batch, none is trained twice."""
+    """This process's share of an epoch, as (index, seed) pairs. All processes shuffle alike, and
+    process r of W takes every W-th sample from the r-th: the W shards of step s make global batch
+    s, as one process has it. `start` skips what a run stopped mid-epoch trained: resumed with any
+    processes or batch, none is trained twice."""
 
     def __init__(self, n, rank, world_size, batch, seed):
         self.n, self.rank, self.world_size, self.batch, self.seed = n, rank, world_size, batch, seed
@@ -979,83 +936,73 @@ class EpochSampler(torch.utils.data.Sampler):
     def __len__(self):
         return max(0, self.n - self.start) // (self.batch * self.world_size) * self.batch
 
+    def trained(self, steps):
+        """The samples of the epoch trained after `steps` steps of this run."""
+        return self.start + steps * self.batch * self.world_size
+
     def __iter__(self):
         order = torch.randperm(
             self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)
         )
-        mine = order[self.start : self.start + len(self) * self.world_size][
-            self.rank :: self.world_size
-        ]
-        seed = (
-            self.seed + 100_003 * self.epoch
-        )  # augmentations: new each epoch, alike for any process count
+        epoch = order[self.start : self.start + len(self) * self.world_size]
+        mine = epoch[self.rank :: self.world_size]
+        seed = self.seed + 100_003 * self.epoch  # augmentations: new each epoch, alike for any W
         return ((i, seed) for i in mine.tolist())
 
 
 def build_loaders(train_set, val_set, args, rank, world_size, device):
-    per_process = (
-        args.batch_size // world_size
-    )  # a share of each global batch, in --accum-steps micro-batches
+    """The training loader (its sampler EpochSampler) and the validation loader: process r takes
+    images r, r+W, r+2W, ..., so that each is counted once (DistributedSampler pads)."""
+    per_process = args.batch_size // world_size  # in --accum-steps micro-batches
     train_sampler = EpochSampler(len(train_set), rank, world_size, per_process, args.seed)
-    # validation: process r takes images r, r+W, r+2W, ...: each counted once (DistributedSampler pads)
-    val_indices = range(rank, len(val_set), world_size)
-    # loader workers persist across epochs, forked where the OS can (spawned, each would import torch again)
-    method = args.loader_start_method or (
-        "fork" if "fork" in torch.multiprocessing.get_all_start_methods() else None
-    )
-    workers = (
-        dict(num_workers=args.workers, multiprocessing_context=method, persistent_workers=True)
-        if args.workers
-        else {}
-    )
-    common = dict(
-        batch_size=per_process // args.accum_steps, pin_memory=device.type == "cuda", **workers
-    )
+    val_sampler = range(rank, len(val_set), world_size)
+    common = dict(batch_size=per_process // args.accum_steps, pin_memory=device.type == "cuda")
+    if args.workers:  # they persist across epochs, forked where the OS can (spawned, import torch)
+        forks = "fork" in torch.multiprocessing.get_all_start_methods()
+        method = args.loader_start_method or ("fork" if forks else None)
+        common |= dict(num_workers=args.workers, multiprocessing_context=method)
+        common |= dict(persistent_workers=True)
     return (
         torch.utils.data.DataLoader(train_set, sampler=train_sampler, **common),
-        train_sampler,
-        torch.utils.data.DataLoader(val_set, sampler=val_indices, **common),
+        torch.utils.data.DataLoader(val_set, sampler=val_sampler, **common),
     )
 
 
-######## Appendix: hardening. Error translation, input checks, signals, precision probing, pixel bound ########
+######## Appendix: hardening. Error translation, input checks, signals, precision, pixel bound
 
 
 def run(worker, *worker_args):
     """Runs the worker; bad input and lost peers end in one line on stderr and a non-zero exit."""
     try:
         return worker(*worker_args)
-    except (
-        UserError
-    ) as e:  # raised in a loader worker, it comes back inside a traceback: keep the message
+    except UserError as e:  # raised in a loader worker, it comes inside a traceback: the message
         message, status = str(e).strip().splitlines()[-1].split("UserError: ", 1)[-1], 2
     except dist.DistError as e:  # a peer that never came, or a port in use
         message, status = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}", 1
-    except (
-        RuntimeError
-    ) as e:  # gloo reports a peer that died or went silent as a plain RuntimeError
-        text = str(
-            e
-        )  # e.g. "[/src/gloo/transport/tcp/pair.cc:545] Read error ...: Connection reset by peer. ..."
-        if (
-            "/gloo/" not in text and "caused pair closure" not in text
-        ):  # the latter: a timeout elsewhere
+    except RuntimeError as e:  # gloo reports a peer that died or went silent as a RuntimeError
+        message, status = gloo_failure(str(e)), 1
+        if message is None:
             raise
-        what = (
-            "no answer from another process within --dist-timeout"
-            if re.search(r"timed? ?out", text, re.I)
-            else "lost another process"
-        )
-        line = re.sub(r"\[[^\]]*/gloo/[^\]]*\] ", "", text.strip().splitlines()[0]).split(
-            " This is typically"
-        )[0]
-        message, status = f"{what} (gloo): {line}", 1
     print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(status)
 
 
+def gloo_failure(text):
+    """A gloo error in one line (None: not one). Gloo says "[/src/gloo/transport/tcp/pair.cc:545]
+    Read error ...: Connection reset by peer. ...", or "caused pair closure" after a timeout."""
+    if "/gloo/" not in text and "caused pair closure" not in text:
+        return None
+    if re.search(r"timed? ?out", text, re.I):
+        what = "no answer from another process within --dist-timeout"
+    else:
+        what = "lost another process"
+    line = re.sub(r"\[[^\]]*/gloo/[^\]]*\] ", "", text.strip().splitlines()[0])
+    return f"{what} (gloo): {line.split(' This is typically')[0]}"
+
+
 def report_once(rank):
-    """All processes found it: rank 0 says so, the others leave after a pause in which rank 0 has said it."""
+    """All processes found it: rank 0 says so, the others leave after a pause in which rank 0 has
+    said it."""
     if rank != 0:
         time.sleep(2)
         sys.exit(2)
@@ -1064,44 +1011,22 @@ def report_once(rank):
 def check_args(args, world_size):
     """Checks that every process can make alike, before any process group exists."""
     resolve_defaults(args, world_size)
-    flags = {
-        "workers": "-j/--workers",
-        "batch_size": "-b/--batch-size",
-        "print_freq": "-p/--print-freq",
-    }
-    for name, low in dict(
-        image_size=1,
-        workers=0,
-        batch_size=1,
-        epochs=0,
-        start_epoch=0,
-        lr_step=1,
-        print_freq=1,
-        threads=0,
-        lr=0,
-        momentum=0,
-        weight_decay=0,
-        dist_timeout=1,
-        accum_steps=1,
-        warmup_epochs=0,
-    ).items():
+    flags = dict(workers="-j/--workers", batch_size="-b/--batch-size", print_freq="-p/--print-freq")
+    lows = dict(image_size=1, workers=0, batch_size=1, epochs=0, start_epoch=0, lr_step=1)
+    lows |= dict(print_freq=1, threads=0, lr=0, momentum=0, weight_decay=0, dist_timeout=1)
+    lows |= dict(accum_steps=1, warmup_epochs=0)
+    for name, low in lows.items():
         if getattr(args, name) < low:
-            raise UserError(
-                f"{flags.get(name, '--' + name.replace('_', '-'))} must be at least {low}, not "
-                f"{getattr(args, name)}"
-            )
-    parts = (
-        world_size * args.accum_steps
-    )  # a global batch is split evenly, or the lr would be scaled for another
+            flag = flags.get(name, "--" + name.replace("_", "-"))
+            raise UserError(f"{flag} must be at least {low}, not {getattr(args, name)}")
+    # a global batch is split evenly, or the learning rate would be scaled for another
+    parts = world_size * args.accum_steps
     if args.batch_size % parts:
-        fits = [
-            b
-            for b in (args.batch_size // parts * parts, (args.batch_size // parts + 1) * parts)
-            if b
-        ]
+        below, above = args.batch_size // parts * parts, (args.batch_size // parts + 1) * parts
+        fits = " or -b ".join(str(b) for b in (below, above) if b)
         raise UserError(
-            f"-b {args.batch_size} does not split into {world_size} process(es) x {args.accum_steps} "
-            f"micro-batch(es) of equal size: use -b {' or -b '.join(map(str, fits))}"
+            f"-b {args.batch_size} does not split into {world_size} process(es) x "
+            f"{args.accum_steps} micro-batch(es) of equal size: use -b {fits}"
         )
     if args.arch not in models.list_models(module=models):
         raise UserError(f"unknown --arch {args.arch!r}; see torchvision.models.list_models()")
@@ -1123,9 +1048,8 @@ def check_args(args, world_size):
         os.makedirs(args.output_dir, exist_ok=True)
         tempfile.TemporaryFile(dir=args.output_dir).close()  # a file made and removed
     except OSError as e:
-        raise UserError(
-            f"output folder {args.output_dir} cannot be written: {e.strerror or e}"
-        ) from None
+        why = e.strerror or e
+        raise UserError(f"output folder {args.output_dir} cannot be written: {why}") from None
 
 
 def check_data(root):
@@ -1139,9 +1063,8 @@ def check_data(root):
             raise UserError(
                 f"{folder} is missing: --data needs train/ and val/ folders of class folders"
             )
-        classes[split] = {
-            d.name for d in os.scandir(folder) if d.is_dir()
-        }  # none: "has no images" follows
+        # none: "has no images" follows
+        classes[split] = {d.name for d in os.scandir(folder) if d.is_dir()}
     if classes["train"] != classes["val"]:
         raise UserError(
             f"train/ and val/ in {root} have different classes: only in train: "
@@ -1157,8 +1080,9 @@ def free_port():
 
 
 def start_workers(loader):
-    """iter(loader), with SIGUSR1 blocked while its workers start, so that they keep it blocked: Slurm
-    signals every process of a job step, and a loader worker would die of it, failing the run."""
+    """iter(loader), with SIGUSR1 blocked while its workers start, so that they keep it blocked:
+    Slurm signals every process of a job step, and a loader worker would die of it, failing the
+    run."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     batches = iter(loader)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
@@ -1166,75 +1090,62 @@ def start_workers(loader):
 
 
 def choose_precision(args, device):
-    """(amp, channels_last, why): autocast's precision ('off', 'bf16' or 'fp16'), the memory format, and why.
-    'auto' picks what the hardware runs natively, so that mixed precision is never slower than fp32."""
+    """(amp, channels_last, why): autocast's precision ('off', 'bf16' or 'fp16'), the memory format,
+    and why. 'auto' picks what the hardware runs natively, so that it is never slower than fp32."""
     if device.type == "cuda":
         native = {"bf16": torch.cuda.is_bf16_supported(including_emulation=False), "fp16": True}
-        name = "%s, compute capability %d.%d" % (
-            torch.cuda.get_device_name(device),
-            *torch.cuda.get_device_capability(device),
-        )
-        auto = (
-            ("bf16", "the GPU runs bf16 natively: no GradScaler")
-            if native["bf16"]
-            else ("fp16", "no native bf16 on this GPU: fp16 with GradScaler")
-        )
+        major, minor = torch.cuda.get_device_capability(device)
+        name = f"{torch.cuda.get_device_name(device)}, compute capability {major}.{minor}"
+        auto = ("bf16", "the GPU runs bf16 natively: no GradScaler")
+        if not native["bf16"]:
+            auto = ("fp16", "no native bf16 on this GPU: fp16 with GradScaler")
     else:
         bf16, name = cpu_bf16_support()
         native = {"bf16": bf16, "fp16": False}
-        auto = (
-            ("bf16", f"this CPU runs bf16 natively: {name}")
-            if bf16
-            else ("off", f"this CPU has no native bf16: {name}")
-        )
-    amp, why = (
-        ("off", "--fp64")
-        if args.fp64
-        else auto
-        if args.amp == "auto"
-        else (args.amp, f"--amp {args.amp}")
-    )
+        auto = ("bf16", f"this CPU runs bf16 natively: {name}")
+        if not bf16:
+            auto = ("off", f"this CPU has no native bf16: {name}")
+    amp, why = auto if args.amp == "auto" else (args.amp, f"--amp {args.amp}")
+    if args.fp64:
+        amp, why = "off", "--fp64"
     if amp != "off" and not native[amp]:
         why += (
-            f"; warning: {name} has no native {amp}, which is emulated there and runs much slower than fp32 "
-            "(often 10x)"
+            f"; warning: {name} has no native {amp}, which is emulated there and runs much slower "
+            "than fp32 (often 10x)"
         )
-    return amp, args.channels_last if args.channels_last is not None else amp != "off", why
+    channels_last = args.channels_last if args.channels_last is not None else amp != "off"
+    return amp, channels_last, why
 
 
 def cpu_bf16_support():
-    """(native, name): whether this CPU runs bf16 natively (AVX512_BF16 or AMX; elsewhere it is emulated, ~10x
-    slower than fp32), and its capability's name. ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA can hide it."""
-    aten, isa, flags = (
-        torch.backends.cpu.get_cpu_capability(),
-        os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper(),
-        "",
-    )
-    if isa not in ("ALL", "DEFAULT") and not any(
-        name in isa for name in ("BF16", "AMX", "AVX10", "FP16")
-    ):
+    """(native, name): whether this CPU runs bf16 natively (AVX512_BF16 or AMX; elsewhere it is
+    emulated, ~10x slower than fp32), and its capability's name. ATEN_CPU_CAPABILITY and
+    ONEDNN_MAX_CPU_ISA can hide it."""
+    aten, flags = torch.backends.cpu.get_cpu_capability(), ""
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    limited = isa not in ("ALL", "DEFAULT")
+    if limited and not any(name in isa for name in ("BF16", "AMX", "AVX10", "FP16")):
         return False, f"{aten}, oneDNN limited to {isa}"
+    if aten != "AVX512":
+        return False, aten
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         flags = next((line for line in f if line.startswith("flags")), "").split()
-    native = aten == "AVX512" and (
-        "AMX" if "amx_bf16" in flags else "AVX512_BF16" if "avx512_bf16" in flags else None
-    )
-    return (
-        (True, native)
-        if native
-        else (False, aten if aten != "AVX512" else "AVX512 without AVX512_BF16")
-    )
+    if "amx_bf16" in flags:
+        return True, "AMX"
+    if "avx512_bf16" in flags:
+        return True, "AVX512_BF16"
+    return False, "AVX512 without AVX512_BF16"
 
 
-MAX_PIXELS = 89_478_485  # PIL's decompression-bomb limit: one such image is 0.27 GB in RGB, per loader worker
-PIL.Image.MAX_IMAGE_PIXELS = (
-    None  # read_image applies the bound itself, to every format, with its own message
-)
+# PIL's decompression-bomb limit: one such image is 0.27 GB in RGB, per loader worker
+MAX_PIXELS = 89_478_485
+PIL.Image.MAX_IMAGE_PIXELS = None  # read_image applies the bound itself, to every format
 
 
 def read_image(path):
-    """RGB uint8 tensor (3, H, W), decoded by torchvision (faster than PIL), or by PIL for what it cannot read. An
-    image over MAX_PIXELS is refused from its header, read by PIL in the format the bytes (not the name) say."""
+    """RGB uint8 tensor (3, H, W), decoded by torchvision (faster than PIL), or by PIL for what it
+    cannot read. An image over MAX_PIXELS is refused from its header, read by PIL in the format the
+    bytes (not the name) say."""
     data = torchvision.io.read_file(path)
     try:
         with PIL.Image.open(io.BytesIO(data.numpy())) as header:  # parses the header only

@@ -344,21 +344,42 @@ def test_copy_check_names_the_script_and_block_that_drifted(tmp_path):
     assert "horovod_distributed.py" not in p.stderr
 
 
+# Budgets, counted on the formatted code (ruff format, line length 100): a line cannot be packed to
+# make room, so a feature pays for its lines by tighter, clearer code elsewhere.
+SHARED_LINES = 1091  # the shared blocks of distributed.py, together
+DIFF_LINES = 150  # each backend's `diff distributed.py X.py` lines starting with < or >
+TRAIN_LINES = 60  # train(), the step a reader came for: from its def line to its last line
+
+
+def test_scripts_are_formatted_and_pass_the_linter():
+    """The budgets below count formatted lines; pyproject.toml's rules hold (line length 100)."""
+    ruff = shutil.which("ruff", path=os.path.dirname(PY)) or shutil.which("ruff")
+    assert ruff, "ruff is not installed: pip install -r requirements-dev.txt"
+    files = [script(name) for name in SCRIPTS]
+    for check in (["format", "--check"], ["check"]):
+        p = run([ruff, *check, *files], check=False)
+        assert p.returncode == 0, p.stdout + p.stderr
+
+
 @pytest.mark.parametrize("name", SCRIPTS[1:])
-def test_each_backend_changes_at_most_80_lines_of_distributed_py(name):
+def test_each_backend_changes_at_most_150_lines_of_distributed_py(name):
     diff = subprocess.run(
         ["diff", script("distributed.py"), script(name)], capture_output=True, text=True
     ).stdout
     changed = [line for line in diff.splitlines() if line.startswith(("<", ">"))]
-    assert 0 < len(changed) <= 80
+    assert 0 < len(changed) <= DIFF_LINES, f"{name}: {len(changed)} changed lines"
 
 
-def test_the_shared_loop_and_each_script_stay_within_their_length():
+def test_the_shared_blocks_and_the_training_step_stay_within_their_length():
     """A new feature pays for its lines: the file is read, top to bottom, by whoever copies it."""
     text = open(script("distributed.py")).read()
     blocks = re.findall(r"^# ---- shared: .*?^# ---- end shared: .*?$", text, re.M | re.S)
-    assert len(blocks) == 2 and sum(b.count("\n") + 1 for b in blocks) <= 680
-    assert all(len(open(script(name)).read().splitlines()) <= 850 for name in SCRIPTS)
+    lines = sum(b.count("\n") + 1 for b in blocks)
+    assert len(blocks) == 2 and lines <= SHARED_LINES, f"{lines} lines in the shared blocks"
+    train = next(
+        f for f in ast.parse(text).body if isinstance(f, ast.FunctionDef) and f.name == "train"
+    )
+    assert train.end_lineno - train.lineno + 1 <= TRAIN_LINES
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
