@@ -234,28 +234,23 @@ def resolve_defaults(args, world_size):
 
 
 # ---- backend: DistributedDataParallel, processes started by torch.multiprocessing.spawn ----
-# Every script defines these; the shared loop below calls nothing else of its backend:
-#   main() starts the processes; init_distributed(args, local_rank, rank, world_size) -> device;
-#   distribute(model, optimizer, args, device) -> the model and optimizer to train with; no_sync(model) -> a context
-#   in which backward() accumulates without communicating; full_state(model, optimizer) -> what a checkpoint saves;
-#   sync_batchnorm(model) -> model; all_reduce_sum(tensor) -> tensor summed over processes; prefetch(batches,
-#   device) -> batches; shutdown().
+# What every backend defines (the shared loop calls nothing else of it):
+#   add_backend_args(parser); main(): starts the processes, each in main_worker()
+#   init_distributed(args, local_rank, rank, world_size) -> the device this process trains on
+#   distribute(model, optimizer, args, device) -> the model and optimizer to train with
+#   no_sync(model) -> a context in which backward() accumulates gradients, sending none
+#   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
+#   sync_batchnorm(model) -> the model, its BatchNorm over all processes (--sync-bn)
+#   all_reduce_sum(tensor) -> the tensor, summed over the processes in place
+#   prefetch(batches, device) -> the batches; shutdown(): leaves the process group
 def add_backend_args(p):
-    p.add_argument(
-        "--nprocs",
-        type=int,
-        default=None,
-        help="processes on this node (default: one per GPU, or 1)",
-    )
-    p.add_argument(
-        "--world-size", type=int, default=1, help="number of nodes (as in pytorch/examples)"
-    )
+    p.add_argument("--nprocs", type=int, help="processes on this node (default: one per GPU, or 1)")
+    p.add_argument("--world-size", type=int, default=1, help="nodes (as in pytorch/examples)")
     p.add_argument("--rank", type=int, default=0, help="rank of this node, 0 to world-size - 1")
     p.add_argument(
         "--dist-url",
-        default=None,
-        help="rendezvous address, e.g. tcp://NODE0:23456 "
-        "(needed with several nodes; default: a free port on this machine)",
+        help="rendezvous address, e.g. tcp://NODE0:23456 (needed with several nodes; default: a "
+        "free port on this machine)",
     )
 
 
@@ -265,10 +260,10 @@ def main():
     add_backend_args(p)
     args = p.parse_args()
     nprocs = args.nprocs or torch.cuda.device_count() or 1
+    world_size = args.world_size * nprocs  # every process of every node, not just this node's
     if args.dist_url is None and args.world_size > 1:
         p.error("--dist-url is needed with more than one node")
     args.dist_url = args.dist_url or f"tcp://127.0.0.1:{free_port()}"
-    world_size = args.world_size * nprocs  # every process of every node, not just this node's
     run(check_args, args, world_size)  # bad input stops here, before any process starts
     try:
         mp.spawn(spawned, args=(nprocs, world_size, args), nprocs=nprocs)
@@ -294,15 +289,11 @@ def init_distributed(args, local_rank, rank, world_size):
 
 
 def distribute(model, optimizer, args, device):
-    model = nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None
-    )
-    if (
-        args.grad_compression != "none"
-    ):  # each bucket is all-reduced in 16 bits, then cast back for the optimizer
-        model.register_comm_hook(
-            None, getattr(default_hooks, f"{args.grad_compression}_compress_hook")
-        )
+    device_ids = [device.index] if device.type == "cuda" else None
+    model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    if args.grad_compression != "none":  # each bucket all-reduced in 16 bits, then cast back
+        hook = getattr(default_hooks, f"{args.grad_compression}_compress_hook")
+        model.register_comm_hook(None, hook)
     return model, optimizer
 
 
