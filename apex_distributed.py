@@ -235,19 +235,20 @@ def resolve_defaults(args, world_size):
 
 
 # ---- backend: DistributedDataParallel + mixed precision, processes started by torchrun ----
-# Every script defines these; the shared loop below calls nothing else of its backend:
-#   main() starts the processes; init_distributed(args, local_rank, rank, world_size) -> device;
-#   distribute(model, optimizer, args, device) -> the model and optimizer to train with; no_sync(model) -> a context
-#   in which backward() accumulates without communicating; full_state(model, optimizer) -> what a checkpoint saves;
-#   sync_batchnorm(model) -> model; all_reduce_sum(tensor) -> tensor summed over processes; prefetch(batches,
-#   device) -> batches; shutdown().
+# What every backend defines (the shared loop calls nothing else of it):
+#   add_backend_args(parser); main(): starts the processes, each in main_worker()
+#   init_distributed(args, local_rank, rank, world_size) -> the device this process trains on
+#   distribute(model, optimizer, args, device) -> the model and optimizer to train with
+#   no_sync(model) -> a context in which backward() accumulates gradients, sending none
+#   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
+#   sync_batchnorm(model) -> the model, its BatchNorm over all processes (--sync-bn)
+#   all_reduce_sum(tensor) -> the tensor, summed over the processes in place
+#   prefetch(batches, device) -> the batches; shutdown(): leaves the process group
 def add_backend_args(p):
-    p.add_argument(
-        "--local-rank", "--local_rank", type=int, dest="local_rank"
-    )  # the legacy launcher passes it
-    p.set_defaults(
-        amp="auto"
-    )  # this script's point: what the hardware runs natively; --amp off for fp32
+    # the legacy launcher passes it
+    p.add_argument("--local-rank", "--local_rank", type=int, dest="local_rank")
+    # this script's point: what the hardware runs natively; --amp off for fp32
+    p.set_defaults(amp="auto")
 
 
 @record  # torchrun's summary then names a failed rank's exception and traceback
@@ -255,26 +256,9 @@ def main():
     p = build_parser()
     add_backend_args(p)
     args = p.parse_args()
-    if "RANK" not in os.environ:  # started without a launcher: a world of one
-        os.environ.update(
-            RANK="0",
-            WORLD_SIZE="1",
-            LOCAL_RANK="0",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(free_port()),
-        )
-    if (
-        os.environ["RANK"] == "0"
-        and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
-        and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    ):  # restarted processes may try old addresses
-        print(
-            f"{SCRIPT}: warning: with --max-restarts, run torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
-            file=sys.stderr,
-            flush=True,
-        )
-    local_rank = args.local_rank if args.local_rank is not None else int(os.environ["LOCAL_RANK"])
-    run(main_worker, local_rank, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+    without_torchrun(args)
+    local_rank, rank = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"])
+    run(main_worker, local_rank, rank, int(os.environ["WORLD_SIZE"]), args)
 
 
 def init_distributed(args, local_rank, rank, world_size):
@@ -290,15 +274,11 @@ def init_distributed(args, local_rank, rank, world_size):
 
 
 def distribute(model, optimizer, args, device):
-    model = nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None
-    )
-    if (
-        args.grad_compression != "none"
-    ):  # each bucket is all-reduced in 16 bits, then cast back for the optimizer
-        model.register_comm_hook(
-            None, getattr(default_hooks, f"{args.grad_compression}_compress_hook")
-        )
+    device_ids = [device.index] if device.type == "cuda" else None
+    model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    if args.grad_compression != "none":  # each bucket all-reduced in 16 bits, then cast back
+        hook = getattr(default_hooks, f"{args.grad_compression}_compress_hook")
+        model.register_comm_hook(None, hook)
     return model, optimizer
 
 
@@ -340,6 +320,27 @@ def prefetch(loader, device):
 
 def shutdown():
     dist.destroy_process_group()
+
+
+def without_torchrun(args):
+    """The fallbacks: started without a launcher, a world of one; the legacy launcher's
+    --local-rank; a warning where restarted processes may try old addresses."""
+    env = os.environ
+    if "RANK" not in env:
+        port = str(free_port())
+        env.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+        )
+    if args.local_rank is not None:
+        env["LOCAL_RANK"] = str(args.local_rank)
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
+    if env["RANK"] == "0" and restarts and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        print(
+            f"{SCRIPT}: warning: with --max-restarts, run torchrun with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 # ---- end backend ----
