@@ -231,16 +231,17 @@ def resolve_defaults(args, world_size):
 
 
 # ---- backend: nn.DataParallel, one process driving every visible GPU ----
-# Every script defines these; the shared loop below calls nothing else of its backend:
-#   main() starts the processes; init_distributed(args, local_rank, rank, world_size) -> device;
-#   distribute(model, optimizer, args, device) -> the model and optimizer to train with; no_sync(model) -> a context
-#   in which backward() accumulates without communicating; full_state(model, optimizer) -> what a checkpoint saves;
-#   sync_batchnorm(model) -> model; all_reduce_sum(tensor) -> tensor summed over processes; prefetch(batches,
-#   device) -> batches; shutdown().
+# What every backend defines (the shared loop calls nothing else of it):
+#   add_backend_args(parser); main(): starts the processes, each in main_worker()
+#   init_distributed(args, local_rank, rank, world_size) -> the device this process trains on
+#   distribute(model, optimizer, args, device) -> the model and optimizer to train with
+#   no_sync(model) -> a context in which backward() accumulates gradients, sending none
+#   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
+#   sync_batchnorm(model) -> the model, its BatchNorm over all processes (--sync-bn)
+#   all_reduce_sum(tensor) -> the tensor, summed over the processes in place
+#   prefetch(batches, device) -> the batches; shutdown(): leaves the process group
 def add_backend_args(p):
-    p.add_argument(
-        "--gpus", default=None, help="comma-separated GPU ids to use (default: all visible)"
-    )
+    p.add_argument("--gpus", help="comma-separated GPU ids to use (default: all visible)")
 
 
 @record  # torchrun's summary then names a failed rank's exception and traceback
@@ -254,20 +255,10 @@ def main():
 def init_distributed(args, local_rank, rank, world_size):
     # No process group: forward() scatters each batch over the GPUs and gathers the outputs
     # on the first one, and backward() sums the replicas' gradients there.
-    if args.sync_bn or args.grad_compression != "none":  # gradients never leave this process
-        raise UserError(
-            f"--{'sync-bn' if args.sync_bn else 'grad-compression'} needs a process group: use distributed.py"
-        )
-    args.gpus = (
-        [int(g) for g in args.gpus.split(",")]
-        if args.gpus
-        else list(range(torch.cuda.device_count()))
-    )
-    if args.compile and len(args.gpus) > 1:  # its replicas are re-made from the module every step
-        raise UserError(
-            "--compile is not supported by DataParallel over several GPUs: use distributed.py"
-        )
+    visible = list(range(torch.cuda.device_count()))
+    args.gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else visible
     args.dist_backend = "none (DataParallel)"
+    refuse_what_needs_processes(args)
     return setup_device(args, args.gpus[0] if args.gpus else 0)
 
 
@@ -299,6 +290,17 @@ def prefetch(loader, device):
 
 def shutdown():
     pass
+
+
+def refuse_what_needs_processes(args):
+    """Options that DataParallel cannot honour, refused in one line."""
+    if args.sync_bn or args.grad_compression != "none":  # gradients never leave this process
+        flag = "--sync-bn" if args.sync_bn else "--grad-compression"
+        raise UserError(f"{flag} needs a process group: use distributed.py")
+    if args.compile and len(args.gpus) > 1:  # its replicas are re-made from the module every step
+        raise UserError(
+            "--compile is not supported by DataParallel over several GPUs: use distributed.py"
+        )
 
 
 # ---- end backend ----
