@@ -238,16 +238,17 @@ def resolve_defaults(args, world_size):
 
 
 # ---- backend: Horovod, processes started by horovodrun ----
-# Every script defines these; the shared loop below calls nothing else of its backend:
-#   main() starts the processes; init_distributed(args, local_rank, rank, world_size) -> device;
-#   distribute(model, optimizer, args, device) -> the model and optimizer to train with; no_sync(model) -> a context
-#   in which backward() accumulates without communicating; full_state(model, optimizer) -> what a checkpoint saves;
-#   sync_batchnorm(model) -> model; all_reduce_sum(tensor) -> tensor summed over processes; prefetch(batches,
-#   device) -> batches; shutdown().
+# What every backend defines (the shared loop calls nothing else of it):
+#   add_backend_args(parser); main(): starts the processes, each in main_worker()
+#   init_distributed(args, local_rank, rank, world_size) -> the device this process trains on
+#   distribute(model, optimizer, args, device) -> the model and optimizer to train with
+#   no_sync(model) -> a context in which backward() accumulates gradients, sending none
+#   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
+#   sync_batchnorm(model) -> the model, its BatchNorm over all processes (--sync-bn)
+#   all_reduce_sum(tensor) -> the tensor, summed over the processes in place
+#   prefetch(batches, device) -> the batches; shutdown(): leaves the process group
 def add_backend_args(p):
-    p.add_argument(
-        "--fp16-allreduce", action="store_true", help="the same as --grad-compression fp16"
-    )
+    p.add_argument("--fp16-allreduce", action="store_true", help="as --grad-compression fp16")
 
 
 @record  # torchrun's summary then names a failed rank's exception and traceback
@@ -260,14 +261,9 @@ def main():
 
 
 def init_distributed(args, local_rank, rank, world_size):
-    args.dist_backend = "horovod"
-    device = setup_device(args, local_rank)
-    if args.amp == "fp16":  # GradScaler would unscale gradients still being averaged
-        raise UserError("--amp fp16 is not supported with Horovod here; use --amp bf16")
-    args.grad_compression = "fp16" if args.fp16_allreduce else args.grad_compression
-    if args.grad_compression == "bf16":
-        raise UserError("--grad-compression bf16: Horovod cannot all-reduce bf16 tensors; use fp16")
-    return device
+    args.dist_backend = "horovod"  # started by hvd.init()
+    refuse_what_horovod_cannot(args)
+    return setup_device(args, local_rank)
 
 
 def distribute(model, optimizer, args, device):
@@ -292,9 +288,7 @@ def distribute(model, optimizer, args, device):
 
 
 def no_sync(model):  # gradient accumulation: backward() adds to the gradients, sending none
-    return (
-        contextlib.nullcontext()
-    )  # (Horovod counts the backward passes itself: backward_passes_per_step)
+    return contextlib.nullcontext()  # (Horovod counts them: backward_passes_per_step)
 
 
 def full_state(model, optimizer):  # called in every process; rank 0 saves what it returns
@@ -302,9 +296,8 @@ def full_state(model, optimizer):  # called in every process; rank 0 saves what 
 
 
 def sync_batchnorm(model):  # --sync-bn: batch statistics over all processes
-    for name, bn in list(
-        model.named_modules()
-    ):  # Horovod's SyncBatchNorm: torch's needs a torch.distributed group
+    # Horovod's SyncBatchNorm: torch's needs a torch.distributed group
+    for name, bn in list(model.named_modules()):
         if isinstance(bn, nn.modules.batchnorm._BatchNorm):
             sync = hvd.SyncBatchNorm(
                 bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats
@@ -326,6 +319,16 @@ def prefetch(loader, device):
 
 def shutdown():
     hvd.shutdown()
+
+
+def refuse_what_horovod_cannot(args):
+    """--fp16-allreduce is the original's --grad-compression fp16; what Horovod cannot do here is
+    refused in one line."""
+    args.grad_compression = "fp16" if args.fp16_allreduce else args.grad_compression
+    if args.amp == "fp16":  # GradScaler would unscale gradients still being averaged
+        raise UserError("--amp fp16 is not supported with Horovod here; use --amp bf16")
+    if args.grad_compression == "bf16":
+        raise UserError("--grad-compression bf16: Horovod cannot all-reduce bf16 tensors; use fp16")
 
 
 # ---- end backend ----
