@@ -235,36 +235,23 @@ def resolve_defaults(args, world_size):
 
 
 # ---- backend: DistributedDataParallel, processes started by Slurm's srun ----
-# Every script defines these; the shared loop below calls nothing else of its backend:
-#   main() starts the processes; init_distributed(args, local_rank, rank, world_size) -> device;
-#   distribute(model, optimizer, args, device) -> the model and optimizer to train with; no_sync(model) -> a context
-#   in which backward() accumulates without communicating; full_state(model, optimizer) -> what a checkpoint saves;
-#   sync_batchnorm(model) -> model; all_reduce_sum(tensor) -> tensor summed over processes; prefetch(batches,
-#   device) -> batches; shutdown().
+# What every backend defines (the shared loop calls nothing else of it):
+#   add_backend_args(parser); main(): starts the processes, each in main_worker()
+#   init_distributed(args, local_rank, rank, world_size) -> the device this process trains on
+#   distribute(model, optimizer, args, device) -> the model and optimizer to train with
+#   no_sync(model) -> a context in which backward() accumulates gradients, sending none
+#   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
+#   sync_batchnorm(model) -> the model, its BatchNorm over all processes (--sync-bn)
+#   all_reduce_sum(tensor) -> the tensor, summed over the processes in place
+#   prefetch(batches, device) -> the batches; shutdown(): leaves the process group
 def add_backend_args(p):
     p.add_argument(
-        "--dist-file",
-        help="meet in the file DIST_FILE.JOB.STEP on a filesystem all nodes share, not TCP",
+        "--dist-file", help="meet in DIST_FILE.JOB.STEP on a disk all nodes share, not TCP"
     )
+    p.add_argument("--spawn", action="store_true", help="a node's only task spawns one per GPU")
     p.add_argument(
-        "--spawn",
-        action="store_true",
-        help="a node's only task spawns a process per GPU (default with 2+)",
+        "--nprocs", type=int, help="processes that task spawns (default: its GPUs, or 1)"
     )
-    p.add_argument(
-        "--nprocs",
-        type=int,
-        default=None,
-        help="processes that task spawns (default: its GPUs, or 1)",
-    )
-
-
-def fail(
-    task, message
-):  # task 0 reports what all find; the others wait for srun -K to end the step
-    time.sleep(10 if task else 0)
-    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
 
 
 @record  # torchrun's summary then names a failed rank's exception and traceback
@@ -272,82 +259,25 @@ def main():
     p = build_parser()
     add_backend_args(p)
     args = p.parse_args()
-    env = os.environ
-    if "SLURM_PROCID" not in env or "SLURM_JOB_ID" not in env:
-        p.exit(
-            2,
-            f"{SCRIPT}: error: not started by Slurm (no SLURM_PROCID): run it with srun -n2 python {SCRIPT}\n",
-        )
-    job, step = env["SLURM_JOB_ID"], env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
-    task, ntasks = (
-        int(env["SLURM_PROCID"]),
-        int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", "1"))),
-    )
-    local_rank, gpus = int(env.get("SLURM_LOCALID", "0")), torch.cuda.device_count()
-    alone = ntasks == int(
-        env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1"))
-    )  # one task on its node
-    spawn = args.spawn or (
-        alone and gpus > 1 and args.nprocs != 1
-    )  # every GPU the task sees, one process each
-    nprocs = (args.nprocs or gpus or 1) if spawn else 1
-    hosts = env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", ""))
-    try:  # in every task, before any rendezvous, so that bad input cannot leave the other tasks waiting
-        if (
-            step is None and ntasks > 1
-        ):  # a batch script's own shell has SLURM_PROCID=0 too, but is one process
-            raise UserError(
-                f"started by job {job}'s batch script, not srun, yet it has {ntasks} tasks: use srun"
-            )
-        if args.spawn and not alone:
-            raise UserError(
-                f"--spawn wants one task per node (srun --ntasks-per-node=1), got {ntasks} tasks"
-            )
-        if (
-            not spawn and gpus > 1 and local_rank >= gpus
-        ):  # tasks that see one GPU each (--gpus-per-task=1) pass
-            raise UserError(
-                f"task {task} is task {local_rank} on its node, which has {gpus} GPUs: one task per GPU"
-            )
-        check_args(args, ntasks * nprocs)
-        if (
-            not args.dist_file
-        ):  # task 0 runs on the step's first node; MASTER_ADDR and MASTER_PORT set by users win
-            env["MASTER_ADDR"] = (
-                env.get("MASTER_ADDR")
-                or subprocess.run(
-                    ["scontrol", "show", "hostnames", hosts],
-                    capture_output=True,
-                    text=True,
-                    timeout=60,
-                ).stdout.split()[0]
-            )
-    except (
-        OSError,
-        IndexError,
-        subprocess.SubprocessError,
-    ) as e:  # e.g. no Slurm tools in a container
-        fail(
-            task,
-            f"`scontrol show hostnames {hosts}` failed ({e}): set MASTER_ADDR or use --dist-file",
-        )
-    except UserError as e:
-        fail(0 if step is None else task, e)
-    env.setdefault("MASTER_PORT", str(15000 + (int(job) * 10 + int(step or 0)) % 15000))
-    # one rendezvous file per job step: a file left by a killed step cannot hang a later one
-    args.dist_url = (
-        f"file://{os.path.abspath(args.dist_file)}.{job}.{step or 'batch'}"
-        if args.dist_file
-        else "env://"
-    )
+    env = slurm_variables(p)
+    # srun starts the tasks and numbers them: in the job step, and on their node
+    task, ntasks = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+    local_rank = int(env["SLURM_LOCALID"])
+    nprocs = check_tasks(args, env, task, ntasks, local_rank)  # 1, or one per GPU with --spawn
+    step = f"{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', 'batch')}"
+    if args.dist_file:  # a file per job step: one left by a killed step cannot hang a later one
+        args.dist_url = f"file://{os.path.abspath(args.dist_file)}.{step}"
+    else:  # TCP at the step's first node, where task 0 runs (users' MASTER_ADDR and _PORT win)
+        args.dist_url = "env://"
+        os.environ["MASTER_ADDR"] = os.environ.get("MASTER_ADDR") or first_node(env, task)
+        port = 15000 + (int(env["SLURM_JOB_ID"]) * 10 + int(env.get("SLURM_STEP_ID", 0))) % 15000
+        os.environ.setdefault("MASTER_PORT", str(port))
     try:
-        if spawn:
-            signal.signal(
-                signal.SIGUSR1, signal.SIG_IGN
-            )  # Slurm sends it to the spawned processes too
-            mp.spawn(spawned, args=(task, nprocs, ntasks * nprocs, args), nprocs=nprocs)
-        else:
+        if nprocs == 1:
             run(main_worker, local_rank, task, ntasks, args)
+        else:  # Slurm signals the spawned processes too: they alone handle it
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+            mp.spawn(spawned, args=(task, nprocs, ntasks * nprocs, args), nprocs=nprocs)
     except mp.ProcessExitedException as e:  # a spawned process failed, and said why
         sys.exit(e.exit_code if e.exit_code > 0 else 1)
     finally:  # a clean exit leaves no file; a failed one may
@@ -373,15 +303,11 @@ def init_distributed(args, local_rank, rank, world_size):
 
 
 def distribute(model, optimizer, args, device):
-    model = nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None
-    )
-    if (
-        args.grad_compression != "none"
-    ):  # each bucket is all-reduced in 16 bits, then cast back for the optimizer
-        model.register_comm_hook(
-            None, getattr(default_hooks, f"{args.grad_compression}_compress_hook")
-        )
+    device_ids = [device.index] if device.type == "cuda" else None
+    model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    if args.grad_compression != "none":  # each bucket all-reduced in 16 bits, then cast back
+        hook = getattr(default_hooks, f"{args.grad_compression}_compress_hook")
+        model.register_comm_hook(None, hook)
     return model, optimizer
 
 
@@ -408,6 +334,66 @@ def prefetch(loader, device):
 
 def shutdown():
     dist.destroy_process_group()
+
+
+def slurm_variables(p):
+    """srun's variables, under the names older Slurm releases use too, with defaults for those a
+    task may lack; outside Slurm, one line on how to start it."""
+    env = dict(os.environ)
+    if "SLURM_PROCID" not in env or "SLURM_JOB_ID" not in env:
+        how = f"run it with srun -n2 python {SCRIPT}"
+        p.exit(2, f"{SCRIPT}: error: not started by Slurm (no SLURM_PROCID): {how}\n")
+    older = dict(SLURM_NTASKS="SLURM_NPROCS", SLURM_STEP_ID="SLURM_STEPID")
+    older |= dict(SLURM_STEP_NUM_NODES="SLURM_NNODES", SLURM_STEP_NODELIST="SLURM_JOB_NODELIST")
+    env |= {name: env[old] for name, old in older.items() if name not in env and old in env}
+    defaults = dict(SLURM_NTASKS="1", SLURM_LOCALID="0", SLURM_STEP_NUM_NODES="1")
+    return defaults | dict(SLURM_STEP_NODELIST="") | env
+
+
+def check_tasks(args, env, task, ntasks, local_rank):
+    """The processes this task runs: 1, or one per GPU it sees with --spawn (the default for a
+    node's only task with 2+ GPUs). Every task checks alike, before any rendezvous: bad input
+    cannot leave the other tasks waiting."""
+    gpus, batch_script = torch.cuda.device_count(), "SLURM_STEP_ID" not in env
+    alone = ntasks == int(env["SLURM_STEP_NUM_NODES"])  # one task on each node
+    spawn = args.spawn or (alone and gpus > 1 and args.nprocs != 1)
+    nprocs = (args.nprocs or gpus or 1) if spawn else 1
+    try:
+        if batch_script and ntasks > 1:  # a batch script's own shell has SLURM_PROCID=0 too
+            raise UserError(
+                f"started by job {env['SLURM_JOB_ID']}'s batch script, not srun, yet it has "
+                f"{ntasks} tasks: use srun"
+            )
+        if args.spawn and not alone:
+            raise UserError(
+                f"--spawn wants one task per node (srun --ntasks-per-node=1), got {ntasks} tasks"
+            )
+        if not spawn and gpus > 1 and local_rank >= gpus:  # one GPU per task (--gpus-per-task=1)
+            raise UserError(
+                f"task {task} is task {local_rank} on its node, which has {gpus} GPUs: one task "
+                "per GPU"
+            )
+        check_args(args, ntasks * nprocs)
+    except UserError as e:
+        fail(0 if batch_script else task, e)
+    return nprocs
+
+
+def first_node(env, task):
+    """The step's first host, where task 0 runs."""
+    hosts = env["SLURM_STEP_NODELIST"]
+    try:
+        command = ["scontrol", "show", "hostnames", hosts]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout.split()[0]
+    except (OSError, IndexError, subprocess.SubprocessError) as e:  # e.g. no Slurm tools here
+        fail(task, f"`{' '.join(command)}` failed ({e}): set MASTER_ADDR or use --dist-file")
+
+
+def fail(task, message):
+    """Task 0 reports what all tasks find; the others wait for srun -K to end the step."""
+    time.sleep(10 if task else 0)
+    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 # ---- end backend ----
