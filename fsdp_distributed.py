@@ -234,16 +234,18 @@ def resolve_defaults(args, world_size):
 
 
 # ---- backend: FSDP2 (torch.distributed.fsdp.fully_shard), processes started by torchrun ----
-# Every script defines these; the shared loop below calls nothing else of its backend:
-#   main() starts the processes; init_distributed(args, local_rank, rank, world_size) -> device;
-#   distribute(model, optimizer, args, device) -> the model and optimizer to train with; no_sync(model) -> a context
-#   in which backward() accumulates without communicating; full_state(model, optimizer) -> what a checkpoint saves;
-#   sync_batchnorm(model) -> model; all_reduce_sum(tensor) -> tensor summed over processes; prefetch(batches,
-#   device) -> batches; shutdown().
+# What every backend defines (the shared loop calls nothing else of it):
+#   add_backend_args(parser); main(): starts the processes, each in main_worker()
+#   init_distributed(args, local_rank, rank, world_size) -> the device this process trains on
+#   distribute(model, optimizer, args, device) -> the model and optimizer to train with
+#   no_sync(model) -> a context in which backward() accumulates gradients, sending none
+#   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
+#   sync_batchnorm(model) -> the model, its BatchNorm over all processes (--sync-bn)
+#   all_reduce_sum(tensor) -> the tensor, summed over the processes in place
+#   prefetch(batches, device) -> the batches; shutdown(): leaves the process group
 def add_backend_args(p):
-    p.add_argument(
-        "--local-rank", "--local_rank", type=int, dest="local_rank"
-    )  # the legacy launcher passes it
+    # the legacy launcher passes it
+    p.add_argument("--local-rank", "--local_rank", type=int, dest="local_rank")
 
 
 @record  # torchrun's summary then names a failed rank's exception and traceback
@@ -251,26 +253,9 @@ def main():
     p = build_parser()
     add_backend_args(p)
     args = p.parse_args()
-    if "RANK" not in os.environ:  # started without a launcher: a world of one
-        os.environ.update(
-            RANK="0",
-            WORLD_SIZE="1",
-            LOCAL_RANK="0",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(free_port()),
-        )
-    if (
-        os.environ["RANK"] == "0"
-        and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
-        and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    ):  # restarted processes may try old addresses
-        print(
-            f"{SCRIPT}: warning: with --max-restarts, run torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
-            file=sys.stderr,
-            flush=True,
-        )
-    local_rank = args.local_rank if args.local_rank is not None else int(os.environ["LOCAL_RANK"])
-    run(main_worker, local_rank, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
+    without_torchrun(args)
+    local_rank, rank = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"])
+    run(main_worker, local_rank, rank, int(os.environ["WORLD_SIZE"]), args)
 
 
 def init_distributed(args, local_rank, rank, world_size):
@@ -286,121 +271,54 @@ def init_distributed(args, local_rank, rank, world_size):
 
 
 def distribute(model, optimizer, args, device):
-    """Shards the model in place, in groups FSDP gathers whole (at most 1/10 of it where it can); a new optimizer."""
-    inner, mesh = (
-        getattr(model, "_orig_mod", model),
-        dist.init_device_mesh(device.type, (dist.get_world_size(),)),
-    )
-    names, total, sizes = (
-        [n for n, _ in inner.named_parameters()],
-        sum(p.numel() for p in inner.parameters()),
-        [],
-    )
-    inner.to(
-        memory_format=torch.contiguous_format
-    )  # FSDP shards no channels_last parameters (inputs may be)
-    dynamo = (
-        torch._dynamo.config
-    )  # --compile: FSDP's hooks cut the graph at each group; each shape compiled apart
-    dynamo.automatic_dynamic_shapes, dynamo.recompile_limit = (
-        False,
-        64,
-    )  # (static shapes: dynamic ones fail Inductor)
-    for first in [
-        s[0]
-        for s in inner.modules()
-        if isinstance(s, nn.Sequential) and s and hasattr(s[0], "inplace")
-    ]:
-        first.inplace = False  # FSDP hands a group its input through an autograd Function: not to be changed in place
-    reduce = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(
-        args.grad_compression
-    )  # --grad-compression
-    policy = MixedPrecisionPolicy(
-        *(torch.bfloat16, reduce or torch.float32) if args.amp == "bf16" else (None, reduce)
-    )
-    norms = [
-        m
-        for m in inner.modules()
-        if isinstance(m, (nn.modules.batchnorm._NormBase, nn.GroupNorm)) and m.affine
-    ]
-    if (
-        policy.param_dtype and norms
-    ):  # bf16 norm weights fail against fp32 running statistics: one fp32 group
-        sizes.append(sum(p.numel() for m in norms for p in m.parameters()))
-        fully_shard(norms, mesh=mesh, mp_policy=MixedPrecisionPolicy(output_dtype=torch.bfloat16))
-    loose = lambda m: sum(
-        p.numel() for p in m.parameters() if not isinstance(p, dist.tensor.DTensor)
-    )  # in no group
-
-    def shard(m):  # (attention may use its children's weights directly: never split)
-        for c in (
-            m.children() if loose(m) > total / 10 and "Attention" not in type(m).__name__ else ()
-        ):
-            shard(c)
-        if loose(m) or m is inner:
-            sizes.append(loose(m))
-            fully_shard(m, mesh=mesh, mp_policy=policy)
-
-    shard(inner)
+    """Shards the model in place, in groups that FSDP gathers whole, one at a time; returns it with
+    an optimizer over the shards."""
+    inner = getattr(model, "_orig_mod", model)  # the model inside --compile's wrapper
+    mesh = dist.init_device_mesh(device.type, (dist.get_world_size(),))
+    reduce = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.grad_compression)
+    if args.amp == "bf16":  # weights gathered in bf16, gradients reduced in fp32 (or compressed)
+        policy = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=reduce or torch.float32
+        )
+    else:
+        policy = MixedPrecisionPolicy(reduce_dtype=reduce)
+    prepare_for_fsdp(inner)
+    sizes = shard_in_groups(inner, mesh, policy)
     if dist.get_rank() == 0:
+        largest = max(sizes) / sum(sizes)
         print(
-            f"{SCRIPT}: {len(sizes)} FSDP groups, the largest {max(sizes) / total:.1%} of the parameters",
+            f"{SCRIPT}: {len(sizes)} FSDP groups, the largest {largest:.1%} of the parameters",
             flush=True,
         )
-    plain = (
-        optimizer.state_dict()
-    )  # its settings, unfused (fused SGD takes no DTensors); momentum keyed by index
-    sharded = type(optimizer)(
-        **plain["param_groups"][0] | {"params": inner.parameters(), "fused": False}
-    )
-    if plain[
-        "state"
-    ]:  # resumed: the whole momentum buffers by parameter name, each process taking its shards
-        state = {
-            "state": {names[i]: s for i, s in plain["state"].items()},
-            "param_groups": [
-                {**g, "params": [names[i] for i in g["params"]], "fused": False}
-                for g in plain["param_groups"]
-            ],
-        }
-        dsd.set_optimizer_state_dict(
-            inner, sharded, state, options=dsd.StateDictOptions(full_state_dict=True)
-        )
-    return model, sharded
+    return model, sharded_optimizer(inner, optimizer)
 
 
 @contextlib.contextmanager
 def no_sync(model):  # gradient accumulation: backward() adds to the gradients, sending none
-    getattr(model, "_orig_mod", model).set_requires_gradient_sync(
-        False
-    )  # they stay whole and local until
+    inner = getattr(model, "_orig_mod", model)
+    inner.set_requires_gradient_sync(False)  # they stay whole and local until
     yield
-    getattr(model, "_orig_mod", model).set_requires_gradient_sync(
-        True
-    )  # the first backward after it
+    inner.set_requires_gradient_sync(True)  # the first backward after it
 
 
 def full_state(model, optimizer):  # called in every process; rank 0 saves what it returns
-    options = dsd.StateDictOptions(
-        full_state_dict=True, cpu_offload=True
-    )  # gathered on rank 0's CPU, none elsewhere
-    weights = (
-        model.state_dict()
-    )  # sharded; its _metadata has the module versions some models check (MNASNet)
+    # gathered on rank 0's CPU, none elsewhere
+    options = dsd.StateDictOptions(full_state_dict=True, cpu_offload=True)
+    # sharded, but its _metadata has the module versions some models check (MNASNet)
+    weights = model.state_dict()
     weights.update(dsd.get_model_state_dict(model, options=options))  # whole on rank 0
-    if (
-        not optimizer.state
-    ):  # no step yet: get_optimizer_state_dict would take a zero-gradient step, which
-        return weights, optimizer.state_dict()  # weight decay turns into momentum
-    osd = dsd.get_optimizer_state_dict(
-        model, optimizer, options=options
-    )  # by name: back to SGD's indices
-    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
-    return weights, osd and {
-        "state": {index[k]: v for k, v in osd["state"].items()},
-        "param_groups": [
-            {**g, "params": [index[k] for k in g["params"]]} for g in osd["param_groups"]
-        ],
+    # before any step get_optimizer_state_dict would take one on zero gradients, which weight
+    # decay turns into momentum
+    if not optimizer.state:
+        return weights, optimizer.state_dict()
+    state = dsd.get_optimizer_state_dict(model, optimizer, options=options)  # by name, on rank 0
+    if not state:
+        return weights, state
+    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}  # SGD's keys
+    groups = [{**g, "params": [index[k] for k in g["params"]]} for g in state["param_groups"]]
+    return weights, {
+        "state": {index[k]: v for k, v in state["state"].items()},
+        "param_groups": groups,
     }
 
 
@@ -414,22 +332,103 @@ def all_reduce_sum(tensor):
 
 
 def prefetch(loader, device):
-    first = next(
-        loader, None
-    )  # for the image shape of the empty batches (a process may have none at all)
-    size = torch.tensor([len(loader), *(first[0].shape[1:] if first else (0, 0, 0))], device=device)
+    """A process whose share of the validation images is a batch short forwards an empty batch:
+    FSDP's forward is collective."""
+    first = next(loader, None)  # the image shape of the empty batches (a process may have none)
+    shape = first[0].shape[1:] if first else (0, 0, 0)
+    size = torch.tensor([len(loader), *shape], device=device)
     dist.all_reduce(size, dist.ReduceOp.MAX)
     yield from [first] if first else []
     yield from loader  # (empty when first was None)
-    for _ in range(
-        int(size[0]) - len(loader)
-    ):  # FSDP's forward is collective: a share a batch short forwards empty
+    for _ in range(int(size[0]) - len(loader)):
         yield torch.zeros(0, *size[1:].tolist()), torch.zeros(0, dtype=torch.long)
 
 
 def shutdown():
-    gc.collect()  # FSDP's cyclic modules and shards freed while Python is whole: at exit, gloo's threads abort on them
+    # FSDP's cyclic modules and shards freed while Python is whole: at exit, gloo's threads abort
+    gc.collect()
     dist.destroy_process_group()
+
+
+def without_torchrun(args):
+    """The fallbacks: started without a launcher, a world of one; the legacy launcher's
+    --local-rank; a warning where restarted processes may try old addresses."""
+    env = os.environ
+    if "RANK" not in env:
+        port = str(free_port())
+        env.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port
+        )
+    if args.local_rank is not None:
+        env["LOCAL_RANK"] = str(args.local_rank)
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
+    if env["RANK"] == "0" and restarts and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        print(
+            f"{SCRIPT}: warning: with --max-restarts, run torchrun with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def prepare_for_fsdp(inner):
+    """What FSDP needs of a torchvision model: parameters in the contiguous format (it shards no
+    channels_last ones; inputs may be), and no in-place activation first in a group, whose input
+    FSDP hands over through an autograd Function. Under --compile, FSDP's hooks cut the graph at
+    each group, and each shape is compiled apart: dynamic shapes fail Inductor."""
+    inner.to(memory_format=torch.contiguous_format)
+    for s in inner.modules():
+        if isinstance(s, nn.Sequential) and s and hasattr(s[0], "inplace"):
+            s[0].inplace = False
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    torch._dynamo.config.recompile_limit = 64
+
+
+def shard_in_groups(inner, mesh, policy):
+    """fully_shard on the model's modules, from the leaves up: a module holding over a tenth of the
+    parameters outside any group is split into its children first (but attention, which may use
+    its children's weights directly). With bf16 weights the norm layers form one fp32 group: bf16
+    norm weights fail against fp32 running statistics. Returns each group's parameter count."""
+    total, sizes = sum(p.numel() for p in inner.parameters()), []
+    norm_types = (nn.modules.batchnorm._NormBase, nn.GroupNorm)
+    norms = [m for m in inner.modules() if isinstance(m, norm_types) and m.affine]
+    if policy.param_dtype and norms:
+        sizes.append(sum(p.numel() for m in norms for p in m.parameters()))
+        fully_shard(norms, mesh=mesh, mp_policy=MixedPrecisionPolicy(output_dtype=torch.bfloat16))
+
+    def loose(m):  # its parameters in no group yet
+        return sum(p.numel() for p in m.parameters() if not isinstance(p, dist.tensor.DTensor))
+
+    def shard(m):
+        if loose(m) > total / 10 and "Attention" not in type(m).__name__:
+            for child in m.children():
+                shard(child)
+        if loose(m) or m is inner:
+            sizes.append(loose(m))
+            fully_shard(m, mesh=mesh, mp_policy=policy)
+
+    shard(inner)
+    return sizes
+
+
+def sharded_optimizer(inner, optimizer):
+    """The optimizer's settings over the shards, unfused (fused SGD takes no DTensors). Resumed, it
+    loads the whole momentum buffers by parameter name, each process taking its shards."""
+    plain = optimizer.state_dict()  # momentum keyed by index
+    settings = plain["param_groups"][0] | {"params": inner.parameters(), "fused": False}
+    sharded = type(optimizer)(**settings)
+    if plain["state"]:
+        names = [name for name, _ in inner.named_parameters()]
+        groups = [
+            {**g, "params": [names[i] for i in g["params"]], "fused": False}
+            for g in plain["param_groups"]
+        ]
+        state = {names[i]: s for i, s in plain["state"].items()}
+        options = dsd.StateDictOptions(full_state_dict=True)
+        dsd.set_optimizer_state_dict(
+            inner, sharded, {"state": state, "param_groups": groups}, options=options
+        )
+    return sharded
 
 
 # ---- end backend ----
