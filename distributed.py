@@ -1056,8 +1056,10 @@ def check_data(root):
             raise UserError(
                 f"{folder} is missing: --data needs train/ and val/ folders of class folders"
             )
-        # none: "has no images" follows
-        classes[split] = {d.name for d in os.scandir(folder) if d.is_dir()}
+        try:  # none: "has no images" follows
+            classes[split] = {d.name for d in os.scandir(folder) if d.is_dir()}
+        except OSError as e:
+            raise UserError(f"cannot read {folder}: {e.strerror or e}") from None
     if classes["train"] != classes["val"]:
         raise UserError(
             f"train/ and val/ in {root} have different classes: only in train: "

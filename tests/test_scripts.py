@@ -321,6 +321,33 @@ def test_slurm_script_outside_slurm_says_how_to_launch(tiny_data):
     assert p.stderr.strip().count("\n") == 0 and "run it with srun" in p.stderr
 
 
+def test_slurm_script_names_an_unreadable_data_folder_not_the_rendezvous(tiny_data, tmp_path):
+    """An error of the input checks is reported as itself, in one line: an unreadable train/ folder
+    was once reported as a failed `scontrol show hostnames`. One task, started as srun would."""
+    data = tmp_path / "d"
+    shutil.copytree(tiny_data, data)
+    os.chmod(data / "train", 0)
+    # root reads any folder: without those two capabilities it is refused as another user would be
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    as_user = drop if os.geteuid() == 0 else []
+    task = dict(SLURM_PROCID="0", SLURM_JOB_ID="7", SLURM_STEP_ID="0", SLURM_NTASKS="1")
+    e = {k: v for k, v in env().items() if not k.startswith("SLURM_")} | task
+    cmd = [
+        PY,
+        script("distributed_slurm_main.py"),
+        "--data",
+        str(data),
+        "--output-dir",
+        str(tmp_path),
+    ]
+    try:
+        p = run(as_user + cmd, check=False, env=e, timeout=120)
+    finally:
+        os.chmod(data / "train", 0o755)  # so that it can be removed
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0, p.stderr
+    assert f"error: cannot read {data / 'train'}: Permission denied" in p.stderr, p.stderr
+
+
 # ---- the copies ----
 
 
