@@ -296,9 +296,11 @@ def distribute(model, optimizer, args, device):
 @contextlib.contextmanager
 def no_sync(model):  # gradient accumulation: backward() adds to the gradients, sending none
     inner = getattr(model, "_orig_mod", model)
-    inner.set_requires_gradient_sync(False)  # they stay whole and local until
-    yield
-    inner.set_requires_gradient_sync(True)  # the first backward after it
+    inner.set_requires_gradient_sync(False)  # they stay whole and local
+    try:
+        yield
+    finally:  # whatever happened inside, the first backward after it sends them
+        inner.set_requires_gradient_sync(True)
 
 
 def full_state(model, optimizer):  # called in every process; rank 0 saves what it returns

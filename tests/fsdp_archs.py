@@ -10,7 +10,8 @@ an unsharded copy, strictly, as distributed.py --resume does. In fp32 rank 0 fir
 shares, as one distributed.py process would (BatchNorm normalizing each share apart), and compares weights and
 gradients (the momentum after one step) with the checkpoint's. Weight decay is 0, so a weight moves only by its
 gradient; dropout and stochastic depth are 0, since each process draws its own masks. Rank 0 writes
-OUT_DIR/ARCH-AMP.pt with what the test checks.
+OUT_DIR/ARCH-AMP.pt with what the test checks. Last, no_sync() is checked: a backward that raises
+inside it leaves gradient sync on (OUT_DIR/no_sync-off.pt).
 """
 
 import contextlib
@@ -107,6 +108,8 @@ def main(out_dir, specs):
             arch, _, amps = spec.partition(":")
             for args.amp in amps.split(",") if amps else ("off", "bf16"):
                 run(script, args, arch, device, rank, world, out_dir)
+        args.amp = "off"
+        no_sync_after_a_failed_backward(script, args, device, rank, world, out_dir)
     finally:
         script.shutdown()
 
@@ -184,6 +187,43 @@ def run(script, args, arch, device, rank, world, out_dir):
         dict(row, seconds=time.perf_counter() - start, cpu_seconds=time.process_time() - start_cpu),
         os.path.join(out_dir, f"{arch}-{args.amp}.pt"),
     )
+    dist.barrier()
+
+
+def no_sync_after_a_failed_backward(script, args, device, rank, world, out_dir):
+    """A backward that raises inside the script's no_sync() (running out of memory, say, which the
+    caller catches to skip the batch) must leave gradient sync on: the next backward gives every
+    process the mean of their gradients, as one process computes it. Rank 0 writes
+    OUT_DIR/no_sync-off.pt: whether every parameter got a gradient, and the largest error."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, CLASSES))
+    plain = copy.deepcopy(model)
+    with contextlib.redirect_stdout(io.StringIO()):
+        optimizer = script.build_optimizer(model, args, device)
+        model, optimizer = script.distribute(model, optimizer, args, device)
+    x = torch.randn(world, PER_PROCESS, 8, generator=torch.Generator().manual_seed(2))
+
+    def fail(grad):
+        raise RuntimeError("out of memory, say")
+
+    try:
+        with script.no_sync(model):
+            loss = model(x[rank]).sum()
+            loss.register_hook(fail)
+            loss.backward()
+    except RuntimeError:
+        pass
+    optimizer.zero_grad()
+    model(x[rank]).sum().backward()
+    # full_tensor() gathers the shards: every process calls it for the same parameters
+    grads = [None if p.grad is None else p.grad.full_tensor() for p in model.parameters()]
+    if rank == 0:
+        (sum(plain(x[r]).sum() for r in range(world)) / world).backward()
+        expected = [p.grad for p in plain.parameters()]
+        row = dict(arch="no_sync", amp="off", synced=all(g is not None for g in grads))
+        if row["synced"]:
+            row["error"] = max(relative(g, e) for g, e in zip(grads, expected, strict=True))
+        torch.save(row, os.path.join(out_dir, "no_sync-off.pt"))
     dist.barrier()
 
 

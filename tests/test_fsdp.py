@@ -280,6 +280,15 @@ def test_any_architecture_is_sharded_in_groups_of_at_most_a_tenth_and_trains_as_
     assert all(b > 0 for f, b in zip(fp32["gradient"], bf16["gradient"]) if f > 1e-6 * top)
 
 
+def test_a_backward_that_raises_inside_no_sync_leaves_gradient_sync_on(arch_runs):
+    """Accumulation turns FSDP's gradient sync off for a micro-batch's backward; when that backward
+    raises and the caller goes on, the next backward must still average the gradients over the
+    processes (tests/fsdp_archs.py runs it in 2 processes)."""
+    r = arch_runs["no_sync", "off"]
+    assert r["synced"], "after the failed backward, no process got its averaged gradients"
+    assert r["error"] < 1e-6
+
+
 def test_vit_and_googlenet_get_block_groups_not_one_root_group(arch_runs):
     """The groups once came only from nn.Sequential children: vit_b_16's root group held 99% of its parameters
     (all gathered at once), googlenet got none. Now the largest is one encoder layer, or one inception block's."""
