@@ -443,7 +443,7 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
 def train(loader, model, optimizer, scaler, epoch, args, device, rank):
     """One epoch, or the rest of one, in steps of --gradient-accumulation-steps K micro-batches, one
     exchange of gradients and one optimizer step. Returns the epoch's statistics; raises Stopped
-    when a process got SIGUSR1."""
+    when a process got SIGUSR1, and UserError when the loss is no longer a finite number."""
     model.train()
     k_steps, steps, sampler = args.accum_steps, len(loader) // args.accum_steps, loader.sampler
     if steps == 0:  # resumed after the epoch's last full batch (e.g. with a larger -b): it is done
@@ -496,8 +496,15 @@ def set_learning_rate(optimizer, args, epoch, done):
 
 
 def report_step(total, epoch, step, steps, lr, seconds_per_step, rank):
-    """Rank 0 prints the step's line."""
-    loss = total[0] / total[3]
+    """Rank 0 prints the step's line. A loss that is no longer finite ends the run here, in every
+    process alike (all hold the same sums), before a checkpoint of it could replace the last one."""
+    loss, where = total[0] / total[3], f"epoch {epoch}, step {step + 1} of {steps}"
+    if not math.isfinite(loss):
+        report_once(rank)
+        raise UserError(
+            f"the loss is {loss} in {where}, at lr {lr:.6g}: training diverged and stops here; "
+            "the last checkpoint is kept (try a lower --lr or a longer --warmup-epochs)"
+        )
     if rank == 0:
         print(
             f"Epoch [{epoch}][{step + 1}/{steps}] loss {loss:.4f} acc@1 "

@@ -23,6 +23,7 @@ from conftest import (
     BIN,
     PY,
     ROOT,
+    TINY,
     env,
     error_lines,
     free_port,
@@ -498,6 +499,40 @@ def test_checkpoint_that_would_run_code_is_refused_with_one_line(tiny_data, tmp_
 
 
 # ---- 5. bad input ----
+
+
+def test_a_diverging_run_stops_at_a_print_step_in_one_line_and_keeps_the_last_checkpoint(
+    tiny_data, reference, tmp_path
+):
+    """Resumed from the shared one-epoch run with a learning rate of 1e30, the first step of epoch 1
+    makes the weights overflow and the loss NaN. Every process sees it in the sums of the next print
+    step: the run stops there, in one line naming epoch, step and learning rate, with a non-zero
+    exit and no hang, and writes no checkpoint (the diverged weights would replace epoch 1's)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(os.path.join(reference, "checkpoint.pth.tar"), out)
+    good = (out / "checkpoint.pth.tar").read_bytes()
+    diverging = ["--norm", "group", "--epochs", "3", "-p", "2", "--lr", "1e30", "--auto-resume"]
+    p = run(
+        torchrun(2)
+        + [
+            script("distributed.py"),
+            "--data",
+            tiny_data,
+            *TINY,
+            *diverging,
+            "--output-dir",
+            str(out),
+        ],
+        check=False,
+        timeout=180,
+    )
+    assert p.returncode != 0, p.stdout[-3000:]
+    lines = error_lines(p.stderr)
+    assert len(lines) == 1, p.stderr[-3000:]
+    assert "distributed.py: error: the loss is nan in epoch 1, step 3 of 4, at lr 1e+30" in lines[0]
+    assert (out / "checkpoint.pth.tar").read_bytes() == good
+    assert sorted(os.listdir(out)) == ["checkpoint.pth.tar"]  # no metrics row, no model_best
 
 
 def test_port_in_use_is_one_line_and_no_hang(failed_starts):
