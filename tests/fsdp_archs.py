@@ -1,17 +1,19 @@
-"""Run by tests/test_fsdp.py under torchrun: fsdp_distributed.py's own distribute(), forward() and full_state()
-on torchvision models of many families, in fp32 and bf16, in real processes (gloo on CPU).
+"""Run by tests/test_fsdp.py under torchrun: fsdp_distributed.py's own distribute(), forward(),
+full_state() and no_sync() on torchvision models of many families, in fp32 and bf16, in real
+processes (gloo on CPU).
 
     torchrun --standalone --nproc_per_node=2 tests/fsdp_archs.py OUT_DIR ARCH[:AMP,...] ...
 
-For each model and precision (AMP: off, bf16; both by default), every process builds the model as the script
-does (channels_last with bf16), distribute() shards it, and one SGD step trains it on fixed random images, each
-process its share of the global batch; full_state() then gathers the checkpoint onto rank 0, which loads it into
-an unsharded copy, strictly, as distributed.py --resume does. In fp32 rank 0 first trains that copy on the same
-shares, as one distributed.py process would (BatchNorm normalizing each share apart), and compares weights and
-gradients (the momentum after one step) with the checkpoint's. Weight decay is 0, so a weight moves only by its
-gradient; dropout and stochastic depth are 0, since each process draws its own masks. Rank 0 writes
-OUT_DIR/ARCH-AMP.pt with what the test checks. Last, no_sync() is checked: a backward that raises
-inside it leaves gradient sync on (OUT_DIR/no_sync-off.pt).
+For each model and precision (AMP: off, bf16; both by default), every process builds the model as
+the script does (channels_last with bf16), distribute() shards it, and one SGD step trains it on
+fixed random images, each process its share of the global batch; full_state() then gathers the
+checkpoint onto rank 0, which loads it into an unsharded copy, strictly, as distributed.py
+--resume does. In fp32 rank 0 first trains that copy on the same shares, as one distributed.py
+process would (BatchNorm normalizing each share apart), and compares weights and gradients (the
+momentum after one step) with the checkpoint's. Weight decay is 0, so a weight moves only by its
+gradient; dropout and stochastic depth are 0, since each process draws its own masks. Rank 0
+writes OUT_DIR/ARCH-AMP.pt with what the test checks. Last, no_sync() is checked: a backward that
+raises inside it leaves gradient sync on (OUT_DIR/no_sync-off.pt).
 """
 
 import contextlib
@@ -42,9 +44,10 @@ def load_script():
 
 
 def build(arch):
-    """The model as the shared loop's create_model() builds it, but for three things: vit_* is built for SIZE px
-    (at torchvision's default, 224, a step takes seconds on a CPU; the parameters and their grouping are the
-    same but for the position embedding's length), without dropout, and with no parameter starting all zeros."""
+    """The model as the shared loop's create_model() builds it, but for three things: vit_* is built
+    for SIZE px (at torchvision's default, 224, a step takes seconds on a CPU; the parameters and
+    their grouping are the same but for the position embedding's length), without dropout, and with
+    no parameter starting all zeros."""
     model = models.get_model(
         arch, num_classes=CLASSES, **({"image_size": SIZE} if arch.startswith("vit") else {})
     )
@@ -62,10 +65,11 @@ def build(arch):
 
 
 def groups(model):
-    """Every FSDP group as [module names, parameters, whether no rule could split it]: the parameters a sharded
-    module holds outside its sharded submodules (bf16's fp32 group of norm layers spans many modules). A group
-    cannot be split when its parameters are one module's own (a Linear's weight and bias) or an attention module's,
-    which uses its children's weights directly."""
+    """Every FSDP group as [module names, parameters, whether no rule could split it]: the
+    parameters a sharded module holds outside its sharded submodules (bf16's fp32 group of norm
+    layers spans many modules). A group cannot be split when its parameters are one module's own (a
+    Linear's weight and bias) or an attention module's, which uses its children's weights
+    directly."""
     found = {}
 
     def own(m):
