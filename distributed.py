@@ -393,20 +393,36 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
     eval_model = model if isinstance(model, nn.DataParallel) else bare_model
     if rank == 0:
         print(
-            settings(args, optimizer, why, world_size, device, start_epoch, start_sample),
+            settings_line(args, optimizer, why, world_size, device, start_epoch, start_sample),
             flush=True,
         )
     if note:  # after the settings: the run's first line says what it runs, and why
         print(note, flush=True)
-    run_info = dict(script=SCRIPT, world_size=world_size, amp=args.amp, arch=args.arch)
-    run_info |= dict(batch_size=args.batch_size, accum_steps=args.accum_steps, device=device.type)
+    run_info = dict(  # in every row of metrics.jsonl
+        script=SCRIPT,
+        world_size=world_size,
+        amp=args.amp,
+        arch=args.arch,
+        batch_size=args.batch_size,
+        accum_steps=args.accum_steps,
+        device=device.type,
+        threads=torch.get_num_threads(),
+    )
 
     def checkpoint(epoch, samples=0, is_best=False):  # the epoch to start at, samples of it trained
         model_state, optimizer_state = full_state(bare_model, optimizer)
-        # seed and images fix the epoch's order, which a mid-epoch resume must continue
-        state = dict(epoch=epoch, samples=samples, seed=args.seed, images=len(train_set))
-        state |= dict(arch=args.arch, num_classes=num_classes, best_acc1=best_acc1)
-        state |= dict(model=model_state, optimizer=optimizer_state, scaler=scaler.state_dict())
+        state = dict(
+            epoch=epoch,
+            samples=samples,
+            seed=args.seed,  # seed and images fix the epoch's order, which a resume continues
+            images=len(train_set),
+            arch=args.arch,
+            num_classes=num_classes,
+            model=model_state,
+            optimizer=optimizer_state,
+            scaler=scaler.state_dict(),
+            best_acc1=best_acc1,
+        )
         if rank == 0:
             save_checkpoint(state, is_best, args.output_dir)
 
@@ -436,8 +452,7 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         val = validate(val_loader, eval_model, args, device, rank)
         is_best, best_acc1 = val["val_acc1"] > best_acc1, max(val["val_acc1"], best_acc1)
         checkpoint(epoch + 1, 0, is_best)
-        threads = torch.get_num_threads()
-        log_metrics(args, rank, run_info | dict(epoch=epoch, threads=threads) | stats | val)
+        log_metrics(args, rank, run_info | dict(epoch=epoch) | stats | val)
         if stop_asked(device):  # SIGUSR1 since the epoch's last step: the epoch is saved
             return
 
@@ -578,7 +593,7 @@ def stop_asked(device):
     return all_reduce_sum(torch.tensor([len(STOP)], device=device)).item() > 0
 
 
-def settings(args, optimizer, why, world_size, device, start_epoch, start_sample):
+def settings_line(args, optimizer, why, world_size, device, start_epoch, start_sample):
     """The run's first line: the settings in effect, and why."""
     amp = "fp64" if args.fp64 else "fp32" if args.amp == "off" else args.amp
     layout = "on" if args.channels_last else "off"
