@@ -371,7 +371,9 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = not args.deterministic
     train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
-    train_loader, val_loader = build_loaders(train_set, val_set, args, rank, world_size, device)
+    train_loader, train_sampler, val_loader = build_loaders(
+        train_set, val_set, args, rank, world_size, device
+    )
     if len(train_loader) == 0 and not args.evaluate:
         report_once(rank)
         raise UserError(
@@ -438,7 +440,7 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         log_metrics(args, rank, run_info | dict(epoch=start_epoch) | val)
         return
     for epoch in range(start_epoch, args.epochs):
-        train_loader.sampler.set_epoch(epoch, start_sample if epoch == start_epoch else 0)
+        train_sampler.set_epoch(epoch, start_sample if epoch == start_epoch else 0)
         # the process's own draws (dropout): a resumed run draws alike
         seed = args.seed + rank + 100_003 * epoch
         random.seed(seed)
@@ -486,7 +488,9 @@ def train(loader, model, optimizer, scaler, epoch, args, device, rank):
         step, k = divmod(i, k_steps)
         if k == 0:
             clock.step_starts(step)
-            lr = set_learning_rate(optimizer, args, epoch, sampler.trained(step + 1) / sampler.n)
+            # the samples of the epoch trained once this step is: the schedule goes by them
+            done = sampler.start + (step + 1) * args.batch_size
+            lr = set_learning_rate(optimizer, args, epoch, done / sampler.n)
         # the gradients are exchanged once a step, in its last backward
         with no_sync(model) if k < k_steps - 1 else contextlib.nullcontext():
             loss, top1, top5, n = forward(model, images, target, args, device)
@@ -503,7 +507,7 @@ def train(loader, model, optimizer, scaler, epoch, args, device, rank):
             *total, asked = all_reduce_sum(torch.cat([sums, sums.new_tensor([len(STOP)])])).tolist()
             report_step(total, epoch, step, steps, lr, clock.per_step(step), rank)
             if asked and step < steps - 1:
-                raise Stopped(sampler.trained(step + 1))
+                raise Stopped(done)
     # the last step printed: `total` holds the epoch's sums
     return epoch_stats(total, lr, clock, args, device, rank)
 
@@ -958,10 +962,6 @@ class EpochSampler(torch.utils.data.Sampler):
     def __len__(self):
         return max(0, self.n - self.start) // (self.batch * self.world_size) * self.batch
 
-    def trained(self, steps):
-        """The samples of the epoch trained after `steps` steps of this run."""
-        return self.start + steps * self.batch * self.world_size
-
     def __iter__(self):
         order = torch.randperm(
             self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch)
@@ -973,8 +973,8 @@ class EpochSampler(torch.utils.data.Sampler):
 
 
 def build_loaders(train_set, val_set, args, rank, world_size, device):
-    """The training loader (its sampler EpochSampler) and the validation loader: process r takes
-    images r, r+W, r+2W, ..., so that each is counted once (DistributedSampler pads)."""
+    """The training loader, its EpochSampler, and the validation loader: process r takes images r,
+    r+W, r+2W, ..., so that each is counted once (DistributedSampler pads)."""
     per_process = args.batch_size // world_size  # in --accum-steps micro-batches
     train_sampler = EpochSampler(len(train_set), rank, world_size, per_process, args.seed)
     val_sampler = range(rank, len(val_set), world_size)
@@ -986,6 +986,7 @@ def build_loaders(train_set, val_set, args, rank, world_size, device):
         common |= dict(persistent_workers=True)
     return (
         torch.utils.data.DataLoader(train_set, sampler=train_sampler, **common),
+        train_sampler,
         torch.utils.data.DataLoader(val_set, sampler=val_sampler, **common),
     )
 

@@ -142,8 +142,9 @@ def test_build_loaders_keeps_workers_across_epochs(tiny_data, tmp_path):
     )
     distributed.check_args(args, 1)
     train_set, val_set, _, _ = distributed.build_datasets(args, local_rank=0, rank=0)
-    loader, _ = distributed.build_loaders(train_set, val_set, args, 0, 1, torch.device("cpu"))
-    sampler = loader.sampler
+    loader, sampler, _ = distributed.build_loaders(
+        train_set, val_set, args, 0, 1, torch.device("cpu")
+    )
     batches = []
     for epoch in (0, 1, 0):
         sampler.set_epoch(epoch)

@@ -94,10 +94,9 @@ def global_steps(n, world_size, batch, start, steps=None, epoch=0):
     )
     shards = []
     for rank in range(world_size):
-        loader, _ = distributed.build_loaders(
+        loader, sampler, _ = distributed.build_loaders(
             Indices(n), Indices(1), args, rank, world_size, torch.device("cpu")
         )
-        sampler = loader.sampler
         sampler.set_epoch(epoch, start)
         shards.append([b.tolist() for b in loader][:steps])
     return [sum((shard[s] for shard in shards), []) for s in range(len(shards[0]))]

@@ -35,10 +35,9 @@ def first_batch(data, out, rank, world_size, seed=0, epoch=0):
     )
     distributed.check_args(args, world_size)
     train_set, val_set, _, _ = distributed.build_datasets(args, local_rank=0, rank=rank)
-    loader, _ = distributed.build_loaders(
+    loader, sampler, _ = distributed.build_loaders(
         train_set, val_set, args, rank, world_size, torch.device("cpu")
     )
-    sampler = loader.sampler
     sampler.set_epoch(epoch)
     return next(iter(loader))[0]
 
