@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BIN, CLUSTER, PY, ROOT, env, error_lines, needs_root, run
+from helpers import BIN, CLUSTER, PY, ROOT, env, error_lines, needs_root, run
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import scaling_model  # noqa: E402
