@@ -13,25 +13,20 @@
 For each collective of --op (all_reduce: a sum in place; all_gather and reduce_scatter: the
 single-tensor forms FSDP2 calls) and each size from --min-bytes to --max-bytes by --factor, every
 process runs it a few times after a warm-up, and rank 0 prints the time of one (the mean over the
-timed ones, the slowest process's) and two bandwidths, as nccl-tests defines them. The size is the
-all-reduce's tensor, the all-gather's output, the reduce-scatter's input:
+timed ones, the slowest process's) and two bandwidths, as nccl-tests defines them (the size is the
+all-reduce's tensor, the all-gather's output, the reduce-scatter's input):
 
-  algbw = size / time        what the caller sees: bytes per second
-  busbw = algbw x f          what each process's link carries per second on a ring of n processes:
-                             f = 2 (n - 1) / n for an all-reduce (a reduce-scatter, then an
-                             all-gather), (n - 1) / n for an all-gather or a reduce-scatter; so it
-                             compares with the link's speed, whatever n, where the backend sends
-                             what a ring sends
+  algbw = size / time       what the caller sees: bytes per second
+  busbw = algbw x f         what each link of a ring of n processes carries per second: f =
+                            2 (n - 1) / n for an all-reduce (a reduce-scatter, then an all-gather),
+                            (n - 1) / n for the others; comparable with the link's speed, whatever
+                            n, where the backend sends what a ring sends
 
-and the bytes each process sent per collective, over every network interface but loopback (in a
-test host of tools/hosts.sh, exactly what it sent; where processes share loopback, nothing). Then
-the latency (the time at the smallest size) and a straight-line fit over the sizes from --fit-from
-up, time = alpha + size x f / busbw: the two numbers tools/scaling_model.py uses for a link. GB/s
-are 1e9 bytes per second; Gbit/s 1e9 bits.
-
-The number of timed collectives per size is what fits in about --seconds (at least 1, at most
---iters), so a slow link (tools/hosts.sh shape 100mbit) is measured in bounded time. --json PATH
-writes the tables and fits for tools/scaling_model.py and start.sh.
+and the bytes each process sent per collective over every interface but loopback (in a test host of
+tools/hosts.sh, what it sent). Then the latency (the time at the smallest size) and a fit over the
+sizes from --fit-from up, time = alpha + size x f / busbw, which tools/scaling_model.py uses for a
+link. GB/s are 1e9 bytes per second, Gbit/s 1e9 bits. A size is timed as often as fits in about
+--seconds (1 to --iters), so that a slow link is measured in bounded time. --json writes it all.
 """
 
 import argparse
@@ -61,14 +56,6 @@ def parse_bytes(text):
     if not m or int(m.group(1)) == 0:
         raise argparse.ArgumentTypeError(f"not a size in bytes: '{text}' (e.g. 4096, 64K, 1G)")
     return int(m.group(1)) * UNITS[m.group(2)]
-
-
-def parse_ops(text):
-    ops = [op.strip() for op in text.split(",") if op.strip()]
-    bad = [op for op in ops if op not in OPS]
-    if bad or not ops:
-        raise argparse.ArgumentTypeError(f"not a collective: '{text}' (any of {', '.join(OPS)})")
-    return ops
 
 
 def sizes(lo, hi, factor, unit):
@@ -121,7 +108,7 @@ def parse_args():
     add("-e", "--max-bytes", type=parse_bytes, default=2**26, help="largest size (64M)")
     add("-f", "--factor", type=int, default=4, help="size multiplier between rows (4)")
     add("-d", "--dtype", choices=sorted(DTYPES), default="float32")
-    add("--op", type=parse_ops, default=["all_reduce"], help="collectives, comma-separated")
+    add("--op", type=lambda t: t.split(","), default=["all_reduce"], help=", ".join(OPS))
     add("-w", "--warmup", type=int, default=1, help="untimed collectives per size (1)")
     add("-n", "--iters", type=int, default=20, help="most timed collectives per size (20)")
     add("--seconds", type=float, default=1.0, help="time to spend on each size (about 1)")
@@ -131,6 +118,8 @@ def parse_args():
     add("--timeout", type=float, default=600, help="seconds before a stuck collective fails")
     add("--json", metavar="PATH", help="write the tables and the fits here (rank 0)")
     args = p.parse_args()
+    if set(args.op) - set(OPS):
+        p.error(f"--op: not a collective: {', '.join(set(args.op) - set(OPS))} ({', '.join(OPS)})")
     if args.min_bytes > args.max_bytes:
         p.error(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}")
     if min(args.factor - 1, args.warmup + 1, args.iters, args.threads) < 1 or args.seconds <= 0:

@@ -1,17 +1,11 @@
 # netbench.sh: the network benchmark of start.sh (bash start.sh --hosts N --link RATES), sourced by
-# start.sh after its configuration; not a command of its own.
-#
-# Every benchmark on one machine runs over loopback, where the backends look alike; across nodes the
-# link decides. So here each process runs in a test host of tools/hosts.sh (a network namespace, own
-# address and hostname), one process per host, and every host's eth0 is shaped with tc to the rate
-# under test (hosts.sh shape RATE: each direction of every path runs at RATE). Per rate,
-# tools/allreduce_bench.py first measures the link as training sees it: the all-reduce at 2 to the most
-# hosts a row uses (latency and bus bandwidth as the processes grow), and at N hosts the all-gather and
-# reduce-scatter FSDP sends too. Then every row runs: a backend (torchrun DDP, mp.spawn, horovodrun over
-# ssh, srun on a Slurm cluster of the hosts, the mixed-precision script, FSDP) and its tags (see
-# parse_row). Each row also runs once in one process (one host), with the same work per process, for
-# the scaling efficiency and the communication not hidden. tools/scaling_model.py measures one
-# process's compute first, and tools/benchmark_report.py --network sets its predictions beside the runs.
+# start.sh after its configuration. On one machine every backend talks over loopback, where they look
+# alike; here each process runs in a test host of tools/hosts.sh (a network namespace), whose eth0 is
+# shaped with tc to the rate under test. Per rate, tools/allreduce_bench.py measures the link first
+# (the all-reduce at 2 to the most hosts a row uses; FSDP's collectives at N); then every row runs
+# (parse_row), and once in one process (one host) with the same work per process.
+# tools/scaling_model.py profiles one process's compute first, and tools/benchmark_report.py
+# --network sets its predictions beside the runs.
 #
 # Uses from start.sh: PROG ROOT PYTHON TORCHRUN RESULTS ARCH IMAGE_SIZE BATCH WORKERS PRINT_FREQ CORES
 # CMDLINE FAILED IS_TTY, die, progress_text, and NHOSTS LINKS ROWS STEPS set by its options.
@@ -24,6 +18,7 @@ ALLREDUCE_MAX=${ALLREDUCE_MAX:-16M}  # the largest all-reduce timed per link: en
 BACKENDS_NET="distributed apex fsdp multiprocessing horovod slurm"
 
 hosts_sh() { HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET bash "$ROOT/tools/hosts.sh" "$@"; }
+shape() { hosts_sh shape "${1/#unshaped/off}" >/dev/null 2>&1 || die "could not shape the hosts' links to $1"; }
 host() { echo "$NET_PREFIX$1"; }
 
 # ---- rows: BACKEND[+TAG...] ----
@@ -391,8 +386,7 @@ network_benchmark() {
     # 2. the link at each rate, as collectives see it: across 2 to the most hosts; FSDP's at N hosts
     local ops
     for rate in ${LINKS//,/ }; do
-        hosts_sh shape "$([[ $rate == unshaped ]] && echo off || echo "$rate")" >/dev/null 2>&1 ||
-            die "could not shape the hosts' links to $rate"
+        shape "$rate"
         for ((n = 2; n <= most; n++)); do
             ops=all_reduce
             ((n == NHOSTS && fsdp)) && ops=all_reduce,all_gather,reduce_scatter
@@ -436,8 +430,7 @@ network_benchmark() {
                 net_skip "$row" "$rate" "$WHY"
                 continue
             fi
-            hosts_sh shape "$([[ $rate == unshaped ]] && echo off || echo "$rate")" >/dev/null 2>&1 ||
-                die "could not shape the hosts' links to $rate"
+            shape "$rate"
             local -a args=(--data "$(net_data "$gb")" -a "$ARCH" -b "$gb" --epochs 1 -j "$WORKERS"
                            --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" --dist-timeout 300 "${R_ARGS[@]}")
             local dir=$RUNS/$rate/$row

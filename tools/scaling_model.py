@@ -63,6 +63,7 @@ PROG = os.path.basename(sys.argv[0])
 MiB = 2**20
 FIRST_BUCKET, BUCKET = 1 * MiB, 25 * MiB  # DDP's defaults: _DEFAULT_FIRST_BUCKET_BYTES, 25 MiB
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
+SQUEEZE = {"bf16": 0.5, "fp16": 0.5}  # --compression: the bytes sent per fp32 byte
 
 
 def fail(message):
@@ -112,16 +113,18 @@ def fsdp_groups(model):
     return groups
 
 
-def make_profile(source, fwd, bwd, opt, params, buckets, **fields):
-    """params: bytes and ready time of each gradient; buckets: lists of indices into params."""
+def make_profile(source, times, params, buckets, model, **fields):
+    """times: forward, backward and optimizer seconds; params: bytes and ready time of each
+    gradient; buckets: lists of indices into params; model: to count its FSDP groups."""
     return dict(
         source=source,
-        forward_s=fwd,
-        backward_s=bwd,
-        optimizer_s=opt,
+        forward_s=times[0],
+        backward_s=times[1],
+        optimizer_s=times[2],
         param_bytes=sum(p["bytes"] for p in params),
         buckets=[bucket(params, b) for b in buckets],
         params=params,
+        fsdp_groups=fsdp_groups(model),
         **fields,
     )
 
@@ -196,21 +199,17 @@ def measure_profile(arch, image_size, batch, num_classes, threads, steps, warmup
         print(
             f"{PROG}: warning: DDP's buckets differ from the model's; using DDP's", file=sys.stderr
         )
+    setting = dict(arch=arch, image_size=image_size, batch=batch, num_classes=num_classes)
     return make_profile(
         f"measured: {arch} at {image_size} px, batch {batch}, {threads} thread(s), DDP in a world "
         f"of one, median of {steps} steps after {warmup}",
-        median(fwd),
-        median(bwd),
-        median(opt_s),
+        (median(fwd), median(bwd), median(opt_s)),
         grads,
         theirs or ours,
-        arch=arch,
-        image_size=image_size,
-        batch=batch,
-        num_classes=num_classes,
+        model,
+        **setting,
         threads=threads,
         compress_s_per_byte=min(casts) / sum(g["bytes"] for g in grads),
-        fsdp_groups=fsdp_groups(model),
     )
 
 
@@ -268,21 +267,17 @@ def given_profile(arch, image_size, batch, num_classes, images_per_s):
     grads = [dict(bytes=4 * p.numel(), ready_s=ready(n)) for n, p in named]
     # DDP's order before its rebuild, the parameters reversed, is what the rebuild finds here
     rev = list(range(len(grads)))[::-1]
+    setting = dict(arch=arch, image_size=image_size, batch=batch, num_classes=num_classes)
     return make_profile(
         f"given: {images_per_s:g} images/s per GPU at batch {batch} (published figure); forward "
         "and backward split by FLOPs, per module in proportion to FLOPs",
-        step_s - backward_s,
-        backward_s,
-        0.0,  # the optimizer is in the forward's share
+        (step_s - backward_s, backward_s, 0.0),  # the optimizer is in the forward's share
         grads,
         [[rev[j] for j in b] for b in ddp_buckets([grads[i]["bytes"] for i in rev])],
-        arch=arch,
-        image_size=image_size,
-        batch=batch,
-        num_classes=num_classes,
+        model,
+        **setting,
         threads=None,
         compress_s_per_byte=0.0,
-        fsdp_groups=fsdp_groups(model),
     )
 
 
@@ -407,21 +402,18 @@ class Link:
 # ---- the step ----
 
 
-def squeeze(compression):
-    return 0.5 if compression in ("bf16", "fp16") else 1.0
-
-
 def step_time(profile, link, nodes, per_node, compression="none", accum=1, data_s=0.0):
     """One DDP optimizer step of one process (the module's docstring): seconds and rates."""
     fwd, bwd, opt = profile["forward_s"], profile["backward_s"], profile["optimizer_s"]
     n = nodes * per_node
-    cast_per_byte = profile["compress_s_per_byte"] if squeeze(compression) < 1 and n > 1 else 0.0
+    squeeze = SQUEEZE.get(compression, 1.0)
+    cast_per_byte = profile["compress_s_per_byte"] if squeeze < 1 and n > 1 else 0.0
     micro = data_s + fwd + bwd
     start = (accum - 1) * micro + data_s + fwd  # the last micro-batch's backward starts here
     link_free, cast_done, comm = start, 0.0, 0.0
     for b in profile["buckets"]:  # in DDP's order, which is the order they become ready
         cast_done += b["bytes"] * cast_per_byte  # in the backward's thread: what follows waits
-        t = link.time("all_reduce", b["bytes"] * squeeze(compression), nodes, per_node)
+        t = link.time("all_reduce", b["bytes"] * squeeze, nodes, per_node)
         link_free = max(start + b["ready_s"] + cast_done, link_free) + t
         comm += t
     step = max(start + bwd + cast_done, link_free) + opt
@@ -430,11 +422,9 @@ def step_time(profile, link, nodes, per_node, compression="none", accum=1, data_
 
 def fsdp_step_time(profile, link, nodes, per_node, compression="none", accum=1, data_s=0.0):
     """One FSDP2 optimizer step of one process, its collectives in turn (the docstring)."""
-    groups = profile["fsdp_groups"]
+    groups, squeeze = profile["fsdp_groups"], SQUEEZE.get(compression, 1.0)
     gather = [link.time("all_gather", b, nodes, per_node) for b in groups]
-    scatter = [
-        link.time("reduce_scatter", b * squeeze(compression), nodes, per_node) for b in groups
-    ]
+    scatter = [link.time("reduce_scatter", b * squeeze, nodes, per_node) for b in groups]
     comm = accum * (2 * sum(gather) - gather[-1]) + sum(scatter)  # the root's gathered once
     alone = accum * (data_s + profile["forward_s"] + profile["backward_s"]) + profile["optimizer_s"]
     return result(profile, alone, alone + comm, comm, accum * nodes * per_node)
@@ -577,40 +567,31 @@ def cmd_predict(args):
 
 
 def print_rows(args, profile, data_s, rows):
-    if args.markdown:
+    """A Markdown table; without --markdown, what it rests on first."""
+    if not args.markdown:
         print(
-            "| link | nodes x GPUs | strategy | compression | accum | step (ms) "
-            "| communication (ms) | not hidden (ms) | images/s | efficiency |"
+            f"# {PROG}: {profile['arch']} {profile['image_size']} px, {profile['batch']} images a "
+            f"process and micro-batch; {profile['source']}"
         )
-        print("|---|--:|---|---|--:|--:|--:|--:|--:|--:|")
-        for r in rows:
-            print(
-                f"| {r['link'].split(' ')[0]} | {r['nodes']} x {r['per_node']} | {r['strategy']} | "
-                f"{r['compression']} | {r['accum']} | {r['step_s'] * 1e3:.1f} | "
-                f"{r['comm_s'] * 1e3:.1f} | {r['exposed_s'] * 1e3:.1f} | "
-                f"{r['images_per_s']:,.0f} | {100 * r['efficiency']:.1f}% |"
-            )
-        return
+        print(
+            f"# compute a micro-batch: data {data_s * 1e3:.1f} ms + forward "
+            f"{profile['forward_s'] * 1e3:.1f} ms + backward {profile['backward_s'] * 1e3:.1f} ms; "
+            f"optimizer {profile['optimizer_s'] * 1e3:.1f} ms; {profile['param_bytes'] / 1e6:.1f} "
+            f"MB of gradients in {len(profile['buckets'])} buckets"
+        )
+        print("# links: " + "; ".join(dict.fromkeys(r["link"] for r in rows)))
     print(
-        f"# {PROG}: {profile['arch']} {profile['image_size']} px, {profile['batch']} images per "
-        f"process and micro-batch; {profile['source']}"
+        "| link | nodes x GPUs | strategy | compression | accum | step (ms) "
+        "| communication (ms) | not hidden (ms) | images/s | efficiency |"
     )
-    print(
-        f"# compute per micro-batch: data {data_s * 1e3:.1f} ms + forward "
-        f"{profile['forward_s'] * 1e3:.1f} ms + backward {profile['backward_s'] * 1e3:.1f} ms; "
-        f"optimizer {profile['optimizer_s'] * 1e3:.1f} ms; {profile['param_bytes'] / 1e6:.1f} MB "
-        f"of gradients in {len(profile['buckets'])} buckets"
-    )
-    print(
-        f"# {'link':<34} {'nodes':>5} {'x':>2} {'strat':>5} {'comp':>5} {'accum':>5} "
-        f"{'alone s':>8} {'comm s':>8} {'step s':>8} {'exposed':>8} {'images/s':>10} {'effic.':>7}"
-    )
+    print("|---|--:|---|---|--:|--:|--:|--:|--:|--:|")
     for r in rows:
         print(
-            f"  {r['link'][:34]:<34} {r['nodes']:>5} {r['per_node']:>2} {r['strategy']:>5} "
-            f"{r['compression']:>5} {r['accum']:>5} {r['alone_s']:>8.3f} {r['comm_s']:>8.3f} "
-            f"{r['step_s']:>8.3f} {r['exposed_s']:>8.3f} {r['images_per_s']:>10.1f} "
-            f"{100 * r['efficiency']:>6.1f}%"
+            f"| {r['link'].split(' ')[0].rstrip(':')} | {r['nodes']} x {r['per_node']} | "
+            f"{r['strategy']} | {r['compression']} | {r['accum']} | {r['step_s'] * 1e3:.1f} | "
+            f"{r['comm_s'] * 1e3:.1f} | {r['exposed_s'] * 1e3:.1f} | "
+            f"{r['images_per_s']:,.{0 if r['images_per_s'] >= 100 else 2}f} | "
+            f"{100 * r['efficiency']:.1f}% |"
         )
 
 
@@ -663,64 +644,30 @@ def main():
     ob.set_defaults(func=cmd_one_bucket)
 
     pd = sub.add_parser("predict", help="step time, images/s and efficiency")
-    pd.add_argument("--profile", metavar="JSON", help="the compute, measured by `profile`")
-    pd.add_argument("-a", "--arch", default="resnet50", help="given: the model (resnet50)")
-    pd.add_argument("--images-per-s", type=float, help="given: one GPU's training images/s")
-    pd.add_argument("--batch", type=int, default=256, help="given: images per GPU a step (256)")
-    pd.add_argument("--image-size", type=int, default=224, help="given: image size (224)")
-    pd.add_argument("--num-classes", type=int, default=1000, help="given: classes (1000)")
-    pd.add_argument(
-        "--allreduce",
-        action="append",
-        metavar="JSON[,JSON...]",
-        help="a link measured by tools/allreduce_bench.py --json, at one or more process counts",
-    )
-    pd.add_argument("--link", type=comma_list(str, "--link"), help="rates, e.g. 25gbit,100gbit")
-    pd.add_argument(
-        "--link-efficiency",
-        type=positive,
-        default=1.0,
-        help="with --link: the share of the rate a collective's busbw reaches (default 1)",
-    )
-    pd.add_argument(
-        "--latency-us", type=float, default=0.0, help="with --link: a ring step's latency (0)"
-    )
-    pd.add_argument("--intra-busbw", type=positive, metavar="GB/s", help="busbw within a node")
-    pd.add_argument("--nodes", type=comma_list(int, "--nodes"), default=[2])
-    pd.add_argument("--gpus-per-node", type=int, default=1, help="processes per node (1)")
-    pd.add_argument(
-        "--strategy",
-        type=comma_list(str, "--strategy", STRATEGIES),
-        default=["ddp"],
-        help="ddp or fsdp, or both (default ddp)",
-    )
-    pd.add_argument(
-        "--compression",
-        type=comma_list(str, "--compression", ("none", "bf16", "fp16")),
-        default=["none"],
-        help="none, bf16 or fp16, or a list (default none)",
-    )
-    pd.add_argument("--accum", type=int, default=1, help="micro-batches a step (default 1)")
-    pd.add_argument(
-        "--loader-ips",
-        type=positive,
-        help="images/s one process decodes: with -j 0 it adds batch / N to each micro-batch",
-    )
-    pd.add_argument(
-        "--bucket-cap-mb",
-        type=positive,
-        metavar="MB",
-        help="DDP's bucket_cap_mb: the buckets remade from the gradients' ready times",
-    )
-    pd.add_argument(
-        "--alone-step",
-        type=positive,
-        metavar="S",
-        help="a measured step of one process alone (same micro-batch and --accum), in seconds: "
-        "the profile's times are scaled to it",
-    )
-    pd.add_argument("--json", metavar="PATH", help="write the rows here")
-    pd.add_argument("--markdown", action="store_true", help="print the rows as a Markdown table")
+    add = pd.add_argument
+    add("--profile", metavar="JSON", help="the compute, measured by `profile`")
+    add("-a", "--arch", default="resnet50", help="given: the model (resnet50)")
+    add("--images-per-s", type=float, help="given: one GPU's training images/s")
+    add("--batch", type=int, default=256, help="given: images per GPU a step (256)")
+    add("--image-size", type=int, default=224, help="given: image size (224)")
+    add("--num-classes", type=int, default=1000, help="given: classes (1000)")
+    add("--allreduce", action="append", metavar="JSON,...", help="a link allreduce_bench measured")
+    add("--link", type=comma_list(str, "--link"), help="rates, e.g. 25gbit,100gbit")
+    add("--link-efficiency", type=positive, default=1.0, help="with --link: busbw / rate (1)")
+    add("--latency-us", type=float, default=0.0, help="with --link: a ring step's latency (0)")
+    add("--intra-busbw", type=positive, metavar="GB/s", help="busbw within a node")
+    add("--nodes", type=comma_list(int, "--nodes"), default=[2])
+    add("--gpus-per-node", type=int, default=1, help="processes per node (1)")
+    strategies = comma_list(str, "--strategy", STRATEGIES)
+    add("--strategy", type=strategies, default=["ddp"], help="ddp, fsdp or both (ddp)")
+    compressions = comma_list(str, "--compression", ("none", "bf16", "fp16"))
+    add("--compression", type=compressions, default=["none"], help="none, bf16, fp16 (none)")
+    add("--accum", type=int, default=1, help="micro-batches a step (default 1)")
+    add("--loader-ips", type=positive, help="with -j 0: batch / this, more a micro-batch")
+    add("--bucket-cap-mb", type=positive, metavar="MB", help="remake DDP's buckets at this cap")
+    add("--alone-step", type=positive, metavar="S", help="one process's measured step alone")
+    add("--json", metavar="PATH", help="write the rows here")
+    add("--markdown", action="store_true", help="the table only")
     pd.set_defaults(func=cmd_predict)
     args = p.parse_args()
     if args.command == "predict" and args.latency_us < 0:
