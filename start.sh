@@ -8,11 +8,12 @@ PROG=${0##*/}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$ROOT"
 
-# the network benchmark's defaults: communication-bound rows at both rates, a 4-host row, and rows
-# whose all-reduce is shorter than their backward pass at 1gbit, with their no-overlap baseline
+# the network benchmark's defaults: communication-bound rows at both rates, a 4-host row (at 32 px:
+# 4 processes share 2 cores), and at 224 px a row whose all-reduce is shorter than its backward
+# pass at 1gbit; the DDP rows beside their no-overlap baseline
 NET_LINKS=300mbit,1gbit
-NET_ROWS=distributed,distributed+bf16,distributed+accum4,multiprocessing,apex,fsdp,horovod,slurm
-NET_ROWS+=,distributed+4hosts,distributed+224px,distributed+224px+onebucket
+NET_ROWS=distributed,distributed+onebucket,distributed+bf16,distributed+accum4,multiprocessing,apex
+NET_ROWS+=,fsdp,horovod,slurm,distributed+4hosts+32px,distributed+224px,distributed+224px+onebucket
 usage() {
     cat <<EOF
 Usage: [VAR=value ...] bash $PROG [-h] [-o RESULTS_DIR] [-e EPOCHS] [-b BATCH] [-j WORKERS] [--only a,b,...]

@@ -820,7 +820,7 @@ def png_mfu_line(ok_rows, model):
 
 ONE_HOST = "1 host"
 NET_COMPRESSION_MIN, NET_ACCUM_MIN, NET_ACCUM_K = 1.6, 2.5, 4  # images/s ratios at the slowest rate
-NET_HIDDEN_MIN, NET_GPU_REGIME = 50.0, 0.8  # % hidden where all-reduce / backward <= 0.8
+NET_HIDDEN_MIN, NET_GPU_REGIME = 25.0, 0.8  # % hidden where all-reduce / backward <= 0.8
 NET_MODEL_ERR = {"ddp": 15.0, "fsdp": 20.0}  # % off the measured images/s, every modeled run
 # launchers of distributed.py's DDP step, and FSDP: the rows the model describes
 MODELED = {"distributed": "ddp", "multiprocessing": "ddp", "slurm": "ddp", "fsdp": "fsdp"}
