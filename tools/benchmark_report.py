@@ -827,12 +827,12 @@ MODELED = {"distributed": "ddp", "multiprocessing": "ddp", "slurm": "ddp", "fsdp
 ONE_BUCKET_MB = 2**20  # scaling_model.py one-bucket's bucket_cap_mb
 
 
-def row_parts(row, hosts=2):
-    """'distributed+bf16+accum4' -> backend, compression, micro-batches a step, image size (None:
-    the run's), hosts, one bucket or not, other tags (script options), as netbench.sh reads
-    a row."""
+def row_parts(row, hosts=2, size=None):
+    """'distributed+bf16+accum4' -> backend, compression, micro-batches a step, image size (size
+    unless SIZEpx), hosts (hosts unless Mhosts), one bucket or not, other tags (script options),
+    as netbench.sh reads a row."""
     backend, *tags = row.split("+")
-    parts = dict(backend=backend, compression="none", accum=1, size=None, hosts=hosts)
+    parts = dict(backend=backend, compression="none", accum=1, size=size, hosts=hosts)
     parts.update(onebucket=False, other=[])
     for t in tags:
         if t in ("bf16", "fp16"):
@@ -884,7 +884,7 @@ def network_links(runs_dir, rates):
     return links
 
 
-def summarise_network(results, hosts, batch, cores, loader_ips=None, workers=0):
+def summarise_network(results, hosts, batch, image_size, cores, loader_ips=None, workers=0):
     runs_dir = os.path.join(results, "runs-network")
     manifest = read_network_manifest(runs_dir)
     profiles = {}
@@ -898,7 +898,7 @@ def summarise_network(results, hosts, batch, cores, loader_ips=None, workers=0):
     for m in manifest:
         if m["row"] == "allreduce":
             continue
-        parts = row_parts(m["row"], hosts)
+        parts = row_parts(m["row"], hosts, image_size)
         one = m["rate"] == ONE_HOST
         d = os.path.join(runs_dir, "1host" if one else m["rate"], m["row"])
         ips = last_metrics(os.path.join(d, "metrics.jsonl")).get("train_images_per_s")
@@ -955,7 +955,7 @@ def predict(r, ref, profiles, links, cores, loader_ips):
 
     r["predicted_images_per_s"] = r["model_error_pct"] = r["comm_s"] = r["predicted_step_s"] = None
     strategy = MODELED.get(r["backend"])
-    profile = profiles.get(r["size"] or min(profiles, default=None))
+    profile = profiles.get(r["size"])
     link = links.get(r["rate"])
     if not (strategy and profile and link and ref and ref.get("step_s")) or r["other"]:
         return
@@ -1380,9 +1380,12 @@ def write_network_png(net, checks, info, args, path):
         font=f_bold,
     )
     values = [r["images_per_s"] for r in net["runs"] if r.get("images_per_s")]
-    values += [
-        args.hosts * r["images_per_s"] for r in net["refs"].values() if r.get("images_per_s")
-    ]
+    ideal = {  # per row: its hosts x its one-host run
+        r["row"]: r["hosts"] * r["one_host_images_per_s"]
+        for r in net["runs"]
+        if r.get("one_host_images_per_s")
+    }
+    values += list(ideal.values())
     values += [r["predicted_images_per_s"] for r in net["runs"] if r.get("predicted_images_per_s")]
     vmax = max(values) if values else 1
     step = nice_step(vmax / 5)
@@ -1395,17 +1398,12 @@ def write_network_png(net, checks, info, args, path):
     for i, row in enumerate(rows):
         y = top + i * group_h
         d.text((20, y + 2), row, fill="black", font=f_txt)
-        first = next((r for r in net["runs"] if r["row"] == row), None)
-        ref = net["refs"].get(first["ref"]) if first else None
-        if ref and ref.get("images_per_s"):
-            w = int(args.hosts * ref["images_per_s"] / vmax * chart_w)
+        if row in ideal:
+            w = int(ideal[row] / vmax * chart_w)
+            hosts = next(r["hosts"] for r in net["runs"] if r["row"] == row)
             d.rectangle([x0, y, x0 + w, y + bar_h - 3], fill="#dddddd")
-            d.text(
-                (x0 + w + 6, y),
-                f"{args.hosts} x 1 host {args.hosts * ref['images_per_s']:.1f}",
-                fill="#888",
-                font=f_small,
-            )
+            text = f"{hosts} x 1 host {ideal[row]:.1f}"
+            d.text((x0 + w + 6, y), text, fill="#888", font=f_small)
         for j, rate in enumerate(rates):
             r = runs.get((row, rate))
             yy = y + (j + 1) * bar_h
@@ -1444,7 +1442,13 @@ def network_report(args):
         sys.exit(f"{sys.argv[0]}: --network needs --hosts and --batch (the runs' global batch)")
     info = machine_info()
     net = summarise_network(
-        args.results, args.hosts, args.batch, info["nproc"], args.loader_ips, args.workers
+        args.results,
+        args.hosts,
+        args.batch,
+        args.image_size,
+        info["nproc"],
+        args.loader_ips,
+        args.workers,
     )
     checks = network_checks(net)
     base = os.path.join(args.results, "benchmark-network")
