@@ -64,7 +64,7 @@ Across test hosts over shaped links (as root; RESULTS_DIR/benchmark-network.{csv
   the report sets its predictions beside the measured images/s. Defaults: ResNet-18, 64 px, global
   batch 16 (8 per process), STEPS=8 steps (the first 2 left out of images/s), -j 0, links
   $NET_LINKS, rows $NET_ROWS.
-  About 15 minutes on 2 cores. slurm reconfigures the local cluster of tools/slurm-local.sh to the
+  About 10 minutes on 2 cores. slurm reconfigures the local cluster of tools/slurm-local.sh to the
   test hosts (under /tmp/slurm-cluster.lock) and puts the one-node cluster back.
 
 Options and environment (flags win over environment):
