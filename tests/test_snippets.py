@@ -7,7 +7,7 @@ horovodrun of this environment; srun on the local Slurm cluster), 2 processes on
 wherever the backend has processes, and checks what the run printed and saved (`failures`):
 
 - one check line from every process, all with the same parameter checksum;
-- three epochs, the loss printed at the last lower than at the first;
+- three epochs, the loss printed at the last a fifth or more below the first;
 - every epoch's evaluation counted the 101 validation items: each once, whatever the processes;
 - rank 0's checkpoint loads with weights_only=True and holds the parameters rank 0 printed.
 
@@ -35,6 +35,9 @@ README = os.path.join(ROOT, "README.md")
 VAL_ITEMS = 101  # the validation items every program makes
 EPOCHS = [0, 1, 2]
 MIN_LINES, MAX_LINES = 15, 45
+# The loss printed is one batch's, whose items differ each epoch: the programs' falls by more than
+# half in 3 epochs (0.66 to 0.28 for DDP), while an untrained model's moves by a few percent.
+LOSS_FALL = 0.8
 # Checksums of runs that do the same fp32 arithmetic with sums in another order (FSDP's
 # reduce-scatter, Horovod's allreduce): measured equal to the 10 decimals printed; a missing
 # average or a dropped shard moves them by ~1e-2.
@@ -101,8 +104,10 @@ def failures(stdout, folder, processes):
         found["same weights"] = f"the processes ended with different parameters: {checksums}"
     if [e for e, _, _ in epochs] != EPOCHS:
         found["epochs"] = f"epoch lines {[e for e, _, _ in epochs]}, not {EPOCHS}"
-    elif not epochs[-1][1] < epochs[0][1]:
-        found["loss fell"] = f"the loss did not fall: {[loss for _, loss, _ in epochs]}"
+    elif not epochs[-1][1] < LOSS_FALL * epochs[0][1]:
+        found["loss fell"] = (
+            f"the loss did not fall by a fifth: {[loss for _, loss, _ in epochs]} in the 3 epochs"
+        )
     counts = [n for _, _, n in epochs]
     if not counts or set(counts) != {VAL_ITEMS}:
         found["each item once"] = (
