@@ -12,7 +12,7 @@ import re
 import sys
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from benchmark_report import ABS_PATH  # noqa: E402

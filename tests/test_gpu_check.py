@@ -1,7 +1,8 @@
-"""tools/gpu-check.sh without a GPU: the lease plan (parts, budgets, order, data sizes), every part's
-dry run (what CI can check of a GPU run), the runner itself on CPU (what reaches OUTDIR, and that
-stopping a part ends its processes), the synthetic-data benchmark and the channels_last probe on
-CPU, and the offline Horovod build's configuration. The GPU runs themselves need a GPU machine."""
+"""tools/gpu-check.sh without a GPU: the lease plan (parts, budgets, order, data sizes), every
+part's dry run (what CI can check of a GPU run), the runner itself on CPU (what reaches OUTDIR, and
+that stopping a part ends its processes), the synthetic-data benchmark and the channels_last probe
+on CPU, and the offline Horovod build's configuration. The GPU runs themselves need a GPU
+machine."""
 
 import importlib.util
 import json
@@ -13,7 +14,7 @@ import tarfile
 import time
 
 import pytest
-from conftest import PY, ROOT, SCRIPTS, env, run
+from helpers import PY, ROOT, SCRIPTS, env, run
 
 GPU_CHECK = os.path.join(ROOT, "tools", "gpu-check.sh")
 LEASE_SECONDS = (
@@ -64,7 +65,8 @@ def test_every_part_ends_within_a_lease_command(gc, plan):
     for part in plan:
         assert listed[part.number] == (part.name, part.budget)
         assert part.budget < LEASE_SECONDS, f"part {part.number}: {part.budget} s"
-        # every check's timeout and the report's reserve fit in the budget: no check is left out for lack of time
+        # every check's timeout and the report's reserve fit in the budget: no check is left out for
+        # lack of time
         assert sum(c.timeout for c in part.checks) + gc.RESERVE <= part.budget
         assert gc.RESERVE >= 10 and all(c.timeout > gc.GRACE + 5 for c in part.checks)
         assert f'bash tools/gpu-check.sh --part {part.number} "$OUT"' in p.stdout
@@ -96,7 +98,8 @@ def test_horovod_is_built_before_the_check_that_trains_with_it(gc, plan):
     assert build.steps[0][0].env["PYTHON"] in commands(hvd)[0], (
         "the build's interpreter runs the check"
     )
-    # --only horovod-build runs (a check starts only while its timeout fits in what is left of the budget)
+    # --only horovod-build runs (a check starts only while its timeout fits in what is left of the
+    # budget)
     only = gc.only_part(plan, ["horovod-build"])
     assert [c.name for c in only.checks] == ["hvd-venv", "horovod-build"]
     assert sum(c.timeout for c in only.checks) + gc.RESERVE <= gc.PART_LIMIT < LEASE_SECONDS + 1
@@ -118,8 +121,8 @@ def test_channels_last_is_checked_in_a_precision_where_cudnn_runs_nhwc(plan, tmp
     assert "--channels-last" in train[0] and "--no-channels-last" in train[1]
     probe = commands(check)[0]
     assert "channels_last_probe.py" in probe
-    # the probe itself, on CPU (in this process: torch is imported already): bf16 convolutions of channels_last
-    # tensors give channels_last outputs
+    # the probe itself, on CPU (in this process: torch is imported already): bf16 convolutions of
+    # channels_last tensors give channels_last outputs
     spec = importlib.util.spec_from_file_location(
         "channels_last_probe", os.path.join(ROOT, "tools", "channels_last_probe.py")
     )
@@ -145,7 +148,8 @@ def test_data_sets_are_the_small_ones_and_stay_out_of_outdir(gc, plan, tmp_path)
         if name.startswith("data-")
     }
     assert set(made) == {"data-demo", "data-tiny", "data-imagenet"}
-    # the ImageNet-shaped set as start.sh makes it, not make_demo_data.py's default of 80 images a class
+    # the ImageNet-shaped set as start.sh makes it, not make_demo_data.py's default of 80 images a
+    # class
     assert f"--imagenet --train-images {train} --val-images {val}" in made["data-imagenet"]
     assert int(train) + int(val) <= 25000
     for name, text in made.items():
@@ -159,7 +163,8 @@ def test_data_sets_are_the_small_ones_and_stay_out_of_outdir(gc, plan, tmp_path)
 
 
 def fake_run(folder, rows, log="", checkpoint=None):
-    """A run folder as the scripts leave one: metrics.jsonl (one row an epoch), run.log, a checkpoint."""
+    """A run folder as the scripts leave one: metrics.jsonl (one row an epoch), run.log, a
+    checkpoint."""
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -176,7 +181,8 @@ def fake_run(folder, rows, log="", checkpoint=None):
 
 
 def test_the_verdicts_read_what_the_runs_leave(gc, tmp_path):
-    """The GPU checks' verdicts, on run folders made here: they pass what they should and fail what they should."""
+    """The GPU checks' verdicts, on run folders made here: they pass what they should and fail what
+    they should."""
     run_ = lambda name, rows, **kw: fake_run(tmp_path / name, rows, **kw)  # noqa: E731
     fp32 = run_(
         "fp32",
@@ -224,7 +230,8 @@ def test_the_verdicts_read_what_the_runs_leave(gc, tmp_path):
         gc.channels_last_verify(cl, run_("cf-far", [dict(amp="bf16", train_loss=2.6)]))
     with pytest.raises(AssertionError, match="precisions"):
         gc.channels_last_verify(cl, run_("cf-fp64", [dict(amp="off", train_loss=2.31)]))
-    # start.sh's results: every backend that ran, with its data wait, GPU utilization and loader workers
+    # start.sh's results: every backend that ran, with its data wait, GPU utilization and loader
+    # workers
     res = tmp_path / "start"
     res.mkdir()
     (res / "benchmark.md").write_text(
@@ -332,7 +339,8 @@ def selftest(tmp_path, sleep, **kw):
 
 
 def test_a_part_puts_only_its_report_and_a_tar_of_logs_in_outdir(gc, tmp_path):
-    """The self-test part runs for real on CPU: its first check writes a checkpoint, data and a 3 MB log."""
+    """The self-test part runs for real on CPU: its first check writes a checkpoint, data and a 3 MB
+    log."""
     p = selftest(tmp_path, 0)
     stdout, stderr = p.communicate(timeout=60)
     assert p.returncode == 0, stdout + stderr
@@ -371,9 +379,9 @@ def alive(pid):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_stopping_a_part_ends_every_process_its_checks_started(gc, tmp_path, sig):
-    """SIGTERM: the part ends its checks' processes and writes its report; SIGKILL: its watchdog ends them.
-    The sleeping check has a process in its process group and one in a session of its own (as torchrun
-    starts its workers)."""
+    """SIGTERM: the part ends its checks' processes and writes its report; SIGKILL: its watchdog
+    ends them. The sleeping check has a process in its process group and one in a session of its own
+    (as torchrun starts its workers)."""
     p = selftest(tmp_path, 300)
     pids_file = tmp_path / "work" / "runs" / "sleeper" / "pids"
     deadline = time.monotonic() + 60
@@ -408,7 +416,8 @@ def test_stopping_a_part_ends_every_process_its_checks_started(gc, tmp_path, sig
 def test_benchmark_times_the_scripts_step_and_a_plain_loop_on_batches_made_on_the_device(
     gc, tmp_path, capsys
 ):
-    """On CPU here (the device is the CPU): the report's table and ratio, and the real loops ran --steps steps."""
+    """On CPU here (the device is the CPU): the report's table and ratio, and the real loops ran
+    --steps steps."""
     import gpu_benchmark
     import torch
 

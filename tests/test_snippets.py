@@ -26,9 +26,20 @@ import typing
 
 import pytest
 import torch
-from conftest import BIN, CLUSTER, PY, ROOT, env, free_port, once, run
-from test_horovod import require_horovod
-from test_slurm import require_slurm, slurm_run
+from helpers import (
+    BIN,
+    CLUSTER,
+    HOROVODRUN,
+    PY,
+    ROOT,
+    env,
+    free_port,
+    once,
+    require_horovod,
+    require_slurm,
+    run,
+)
+from test_slurm import slurm_run
 
 PAGE = os.path.join(ROOT, "docs", "snippets.md")
 README = os.path.join(ROOT, "README.md")
@@ -46,8 +57,7 @@ SAME_WEIGHTS_TOL = 1e-6
 PAIR = re.compile(r"^```python\n(.*?)^```\n\n```bash\n(.*?)^```$", re.M | re.S)
 EPOCH = re.compile(r"epoch (\d+): loss ([\d.]+), (\d+) of (\d+) right(?:, torch\.(\w+))?")
 CHECK = re.compile(r"rank (\d+): parameter checksum (-?\d+\.\d+)")
-LAUNCHERS = {"python": PY, "torchrun": os.path.join(BIN, "torchrun")}
-LAUNCHERS["horovodrun"] = os.path.join(BIN, "horovodrun")
+LAUNCHERS = {"python": PY, "torchrun": os.path.join(BIN, "torchrun"), "horovodrun": HOROVODRUN}
 
 
 class Snippet(typing.NamedTuple):
