@@ -1,6 +1,6 @@
 """The README stays a landing page, and every link in it and in docs/ leads somewhere.
 
-README.md is at most 250 lines and links every page of docs/; each relative link (a file, a
+README.md is at most 265 lines and links every page of docs/; each relative link (a file, a
 folder, an image, a file#heading) in README.md and docs/*.md must resolve in the checkout. The
 README's two commands, the demo run and the test run, are the ones users copy: they stay
 word for word.
@@ -17,7 +17,7 @@ from helpers import ROOT
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from benchmark_report import ABS_PATH  # noqa: E402
 
-README_MAX_LINES = 250
+README_MAX_LINES = 265  # with the DDP program it shows (docs/snippets.md)
 DEMO_COMMAND = (
     "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt && "
     ".venv/bin/python tools/make_demo_data.py && "
