@@ -34,6 +34,8 @@ correct, and fast, in parallel:
   that reason, and one line at the end of the run says how to run them; with CI=true it fails.
 - A missing backend (Horovod, a Slurm cluster) fails its tests through missing_backend(), or skips
   them with ALLOW_MISSING_BACKENDS=1, which CI=true ignores: in CI every backend's tests run.
+- Compiled runs. env() gives every process a test starts an Inductor cache of its own: a kernel
+  compiled under one CPU setting crashes a run under another.
 - Slow tests: list them in conftest.SLOW_FIRST, so that they start first instead of ending the run
   alone.
 """
@@ -50,6 +52,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -154,7 +157,13 @@ def free_port():
 
 
 def env(**extra):
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    """The environment of a process a test starts: one thread per process, unbuffered output, and
+    an empty Inductor cache of its own (--compile). Inductor's default cache,
+    /tmp/torchinductor_$USER, is shared by every run of the user: kernels compiled under
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 crashed a later run without them (SIGBUS), so
+    no run reads another's kernels, and the compiled tests' time is that of a first compile."""
+    cache = tempfile.mkdtemp(prefix="inductor-", dir=shared_runs.get("folder"))
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=cache)
     e.update(extra)
     return e
 
