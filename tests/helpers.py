@@ -6,7 +6,7 @@ checkpoints are real while the suite stays fast. A test file imports what it nee
 (`from helpers import TINY, run, script`); fixtures (tiny_data, reference, slurm_cluster) and the
 hooks that schedule the tests are in conftest.py.
 
-The suite runs in parallel: tools/test.sh starts pytest with 4 pytest-xdist workers and
+The suite runs in parallel: tools/test.sh starts pytest with 3 pytest-xdist workers and
 `--dist loadgroup`, which hands out the tests one by one, except that tests with the same
 xdist_group mark go to one worker, one after another. What a new test uses so that it stays
 correct, and fast, in parallel:
@@ -85,6 +85,9 @@ TINY = ["--image-size", "16", "-j", "0", "-b", "12", "--epochs", "1", "-p", "100
 # summed instead of averaged, one shard dropped) moves parameters by ~lr * |grad| >= 1e-4.
 EXACT = ["--norm", "group", "--no-augment", "--seed", "3", "--fp64"]
 PARAM_TOL = 1e-9
+# BatchNorm normalises each process's shard by its own statistics: with it, W processes must differ
+# from one, or an equivalence check could not see a broken backend
+EXACT_BUT_BATCHNORM = [a for a in EXACT if a not in ("--norm", "group")]
 
 # The Slurm cluster (tools/slurm-local.sh) and the test hosts (tools/hosts.sh) are one per machine.
 CLUSTER = pytest.mark.xdist_group("cluster")
@@ -485,6 +488,20 @@ def reference_run(tiny_data):
         return out
 
     return once("reference", make)
+
+
+def batchnorm_reference_run(tiny_data):
+    """reference_run with BatchNorm (EXACT_BUT_BATCHNORM): the one process that 2 processes of any
+    backend must differ from. Its output folder, made once per session; read-only."""
+
+    def make(out):
+        run(
+            launch_cmd("python", 1, "distributed.py")
+            + ["--data", tiny_data, *TINY, *EXACT_BUT_BATCHNORM, "--output-dir", out]
+        )
+        return out
+
+    return once("reference_batchnorm", make)
 
 
 def horovodrun(nproc, args, out):
