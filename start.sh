@@ -8,6 +8,12 @@ PROG=${0##*/}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$ROOT"
 
+# the network benchmark's defaults: communication-bound rows at both rates, a 4-host row (at 32 px:
+# 4 processes share 2 cores), and at 224 px a row whose all-reduce is shorter than its backward
+# pass at 1gbit; the DDP rows beside their no-overlap baseline
+NET_LINKS=300mbit,1gbit
+NET_ROWS=distributed,distributed+onebucket,distributed+bf16,distributed+accum4,multiprocessing,apex
+NET_ROWS+=,fsdp,horovod,slurm,distributed+4hosts+32px,distributed+224px,distributed+224px+onebucket
 usage() {
     cat <<EOF
 Usage: [VAR=value ...] bash $PROG [-h] [-o RESULTS_DIR] [-e EPOCHS] [-b BATCH] [-j WORKERS] [--only a,b,...]
@@ -43,20 +49,22 @@ GPU nodes: DATA=/path/to/imagenet GPUS=0,1,2,3 bash $PROG
   every GPU that nvidia-smi -L lists is used; GPUS=none forces the CPU configuration.
 
 Across test hosts over shaped links (as root; RESULTS_DIR/benchmark-network.{csv,md,png}):
-  bash $PROG --hosts 2 --link 100mbit,300mbit,1gbit
+  bash $PROG --hosts 2 --link 300mbit,1gbit
   N test hosts (tools/hosts.sh: network namespaces on this machine, HOSTS_PREFIX nb, HOSTS_NET
   10.213.9), one training process in each, every host's eth0 shaped with tc to each RATE in turn
   (kbit, mbit or gbit; 'unshaped' for the bare virtual link). Per rate, tools/allreduce_bench.py
-  measures the link first; then each row runs at each rate, and once in one process (one host) with
-  the same work per process. A row is a backend (distributed, apex, fsdp, multiprocessing,
-  horovod, slurm) with optional +TAGs: bf16 or fp16 (--grad-compression), accumK
-  (--gradient-accumulation-steps K, global batch K x BATCH: the same micro-batch per process), or a
-  script option as one word (distributed+--amp=bf16). A row whose script lacks an option is listed
-  as not run. tools/scaling_model.py measures one process's compute first, and the report sets its
-  predictions beside the measured images/s. Defaults: ResNet-18, 64 px, global batch 16 (8 per
-  process), STEPS=8 steps (the first 2 left out of images/s), -j 0, links 100mbit,300mbit,1gbit,
-  rows distributed,distributed+bf16,distributed+accum4,multiprocessing,apex,fsdp,horovod,slurm.
-  About 15 minutes on 2 cores. slurm reconfigures the local cluster of tools/slurm-local.sh to the
+  measures the link first (from 2 to the most hosts a row uses); then each row runs at each rate,
+  and once in one process (one host) with the same work per process. A row is a backend
+  (distributed, apex, fsdp, multiprocessing, horovod, slurm) with optional +TAGs: bf16 or fp16
+  (--grad-compression), accumK (--gradient-accumulation-steps K, global batch x K: the same
+  micro-batch per process), SIZEpx (--image-size SIZE), Mhosts (M hosts instead of N, the same
+  micro-batch per process), onebucket (DDP's gradients in one bucket: no overlap with the backward
+  pass), or a script option as one word (distributed+--amp=bf16). A row whose script lacks an
+  option is listed as not run. tools/scaling_model.py measures one process's compute first, and
+  the report sets its predictions beside the measured images/s. Defaults: ResNet-18, 64 px, global
+  batch 16 (8 per process), STEPS=8 steps (the first 2 left out of images/s), -j 0, links
+  $NET_LINKS, rows $NET_ROWS.
+  About 10 minutes on 2 cores. slurm reconfigures the local cluster of tools/slurm-local.sh to the
   test hosts (under /tmp/slurm-cluster.lock) and puts the one-node cluster back.
 
 Options and environment (flags win over environment):
@@ -133,8 +141,8 @@ if [[ -n ${NHOSTS:-} ]]; then
     WORKERS=${WORKERS:-0}  # the loader in the training process: no second process contends for its core
     PRINT_FREQ=${PRINT_FREQ:-1}
     STEPS=${STEPS:-8}
-    LINKS=${LINKS:-100mbit,300mbit,1gbit}
-    ROWS=${ROWS:-distributed,distributed+bf16,distributed+accum4,multiprocessing,apex,fsdp,horovod,slurm}
+    LINKS=${LINKS:-$NET_LINKS}
+    ROWS=${ROWS:-$NET_ROWS}
     [[ $STEPS =~ ^[0-9]+$ ]] && ((STEPS >= 3)) || die "--steps wants 3 or more (2 are warm-up), not '$STEPS'"
     for rate in ${LINKS//,/ }; do
         [[ $rate == unshaped || $rate =~ ^[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)$ ]] ||

@@ -1,11 +1,11 @@
-"""The network benchmark (start.sh --hosts N --link RATES): links shaped with tc between test hosts,
-the all-reduce benchmark, and the scaling model.
+"""The network benchmark (start.sh --hosts N --link RATES): links shaped with tc between test
+hosts, the collectives' benchmark, and the scaling model.
 
 The shaped runs need root (tools/hosts.sh makes network namespaces) and are skipped, naming the
 reason, without it. They use a model with small gradients (squeezenet1_1, 2.9 MB), 32 px images and
 4 steps, so that a 20 Mbit/s link makes a step last about a second and the runs stay short; their
-hosts (nbt0, nbt1 on 10.213.10.0/24) are apart from tests/test_multihost.py's and from start.sh's
-default ones.
+hosts (nbt0, nbt1, nbt2 on 10.213.10.0/24) are apart from tests/test_multihost.py's and from
+start.sh's default ones.
 """
 
 import csv
@@ -36,8 +36,7 @@ SMALL = dict(
 
 
 def network_bench(out, links, rows, steps=4, batch=8):
-    """start.sh --hosts 2 at the given links and rows; returns ({(row, rate): csv row}, the report's
-    text)."""
+    """start.sh --hosts 2 at the given links and rows: ({(row, rate): csv row}, the report)."""
     p = run(
         [
             "bash",
@@ -77,8 +76,7 @@ def root():
 
 @pytest.fixture
 def other_hosts():  # (only with root: needs_root comes first in the test's fixtures)
-    """Another set of test hosts, as tests/test_multihost.py makes: the benchmark's must leave it
-    alone."""
+    """Another set of test hosts, as tests/test_multihost.py makes: the benchmark leaves it be."""
     e = env(HOSTS_PREFIX="nbc", HOSTS_NET="10.213.11")
     run(["bash", HOSTS_SH, "up", "1"], env=e, timeout=60)
     yield e
@@ -90,34 +88,56 @@ def test_slow_link_lowers_images_per_s_compression_raises_them_and_the_model_pre
     root, tmp_path, other_hosts
 ):
     had = [h for h in our_hosts() if h.startswith(PREFIX)]
-    compressed, unknown = "distributed+bf16", "distributed+--no-such-option=1"
-    table, md = network_bench(tmp_path, SLOW, f"distributed,{compressed},{unknown}")
+    compressed, unknown, three = (
+        "distributed+bf16",
+        "distributed+--no-such-option=1",
+        "distributed+3hosts",
+    )
+    table, md = network_bench(tmp_path, SLOW, f"distributed,{compressed},{unknown},{three}")
     # a row whose option the script lacks is listed as not run, and the rest runs
     assert table[(unknown, SLOW)]["status"] == "skipped", table[(unknown, SLOW)]
     assert "distributed.py has no --no-such-option" in table[(unknown, SLOW)]["note"]
     slow, one = table[("distributed", SLOW)], table[("distributed", "1 host")]
     assert slow["status"] == one["status"] == "ok", table
     # each step all-reduces 2.9 MB, about 1.2 s at 20 Mbit/s, against a step of ~0.1 s in one
-    # process: two hosts over the slow link train fewer images a second than one process alone, a
-    # large effect
+    # process: two hosts over the slow link train fewer images a second than one process alone
     assert float(slow["images_per_s"]) < float(one["images_per_s"]), (slow, one)
     # half the bytes on a link that takes nearly all the step: close to 2x, and well above 1.3x
     bf16 = table[(compressed, SLOW)]
-    assert bf16["status"] == "ok" and float(bf16["images_per_s"]) > 1.3 * float(
-        slow["images_per_s"]
-    ), (slow, bf16)
-    # the link as the all-reduce benchmark measured it: shaped to its rate
-    bench = json.loads((tmp_path / "runs-network" / f"allreduce-{SLOW}.json").read_text())
-    assert bench["world_size"] == 2 and sorted(set(bench["hosts"])) == [f"{PREFIX}0", f"{PREFIX}1"]
-    gbit = bench["fit"]["busbw_Bps"] * 8 / 1e9
-    assert 0.014 < gbit < 0.021, f"busbw at {SLOW}: {gbit:.4f} Gbit/s"
-    # where the link dominates, the model's prediction (profile + measured link) is close
-    predicted = float(slow["predicted_images_per_s"])
-    assert abs(predicted - float(slow["images_per_s"])) < 0.35 * float(slow["images_per_s"]), slow
+    assert bf16["status"] == "ok", bf16
+    assert float(bf16["images_per_s"]) > 1.3 * float(slow["images_per_s"]), (slow, bf16)
+    # the link as the benchmark measured it, at 2 and 3 hosts: shaped to its rate, whatever the
+    # hosts (a ring's busbw), each process sending 2(n-1)/n of each byte all-reduced, and FSDP's
+    # collectives measured besides at 2
+    benches = [
+        json.loads((tmp_path / "runs-network" / f"allreduce-{SLOW}-n{n}.json").read_text())
+        for n in (2, 3)
+    ]
+    for n, bench in zip((2, 3), benches, strict=True):
+        assert bench["world_size"] == n and sorted(set(bench["hosts"])) == [
+            f"{PREFIX}{h}" for h in range(n)
+        ]
+        largest = bench["ops"]["all_reduce"]["rows"][-1]
+        gbit = bench["ops"]["all_reduce"]["fit"]["busbw_Bps"] * 8 / 1e9
+        assert 0.014 < gbit < 0.021, f"busbw at {SLOW}, {n} hosts: {gbit:.4f} Gbit/s"
+        ring = largest["sent_bytes"] / largest["bytes"] / (2 * (n - 1) / n)
+        assert 0.95 < ring < 1.05, (n, largest)
+    assert set(benches[0]["ops"]) == {"all_reduce"}  # no FSDP row: no all-gather to time
+    # where the link dominates, the model's prediction (profile + measured link) is close, at 3
+    # hosts too, whose step the ring's 2(n-1)/n makes longer
+    for row in ("distributed", three):
+        r = table[(row, SLOW)]
+        predicted, measured = float(r["predicted_images_per_s"]), float(r["images_per_s"])
+        assert abs(predicted - measured) < 0.35 * measured, r
     assert float(slow["exposed_s"]) > 0.5 and float(slow["efficiency"]) < 0.5, slow
-    # the report: the command that made it, the link table, every row at every rate
+    assert float(table[(three, SLOW)]["step_s"]) > 1.15 * float(slow["step_s"]), table[
+        (three, SLOW)
+    ]
+    # the report: the command that made it, the link table, every row at every rate, and a
+    # prediction command for each modeled row
     assert "- command: `" in md and f"--link {SLOW} " in md
-    assert f"| {SLOW} |" in md and "| distributed | torchrun distributed.py |" in md
+    assert f"| {SLOW} | 3 |" in md and "| distributed | torchrun distributed.py |" in md
+    assert f"- prediction, {three} @ {SLOW}: `python tools/scaling_model.py predict " in md
     assert os.path.isfile(tmp_path / "benchmark-network.png")
     # the hosts made for the run are gone; the other set is still there, unshaped
     if not had:
@@ -129,32 +149,33 @@ def test_slow_link_lowers_images_per_s_compression_raises_them_and_the_model_pre
 
 
 def test_a_row_is_a_backend_plus_script_arguments():
-    """What each tag of a row adds to the script's command line (netbench.sh's parse_row), and
-    accumK's global batch: K x BATCH, so that each process's micro-batch stays BATCH / hosts."""
+    """What each tag of a row adds to the script's command line (netbench.sh's parse_row), accumK's
+    micro-batches, SIZEpx's image size, Mhosts' hosts, onebucket's wrapper, and the one-host row
+    each is compared with."""
     show = (
-        'source tools/netbench.sh; for row in "$@"; do parse_row "$row"; '
-        'echo "$R_SCRIPT $R_K ${R_ARGS[*]}"; done'
+        'IMAGE_SIZE=64 NHOSTS=2; source tools/netbench.sh; for row in "$@"; do parse_row "$row"; '
+        'echo "$R_SCRIPT $R_K $R_SIZE $R_HOSTS ${R_WRAP[*]}| ${R_ARGS[*]} < $(ref_of "$row")"; done'
     )
-    p = run(
-        [
-            "bash",
-            "-c",
-            show,
-            "-",
-            "distributed",
-            "distributed+bf16+accum4",
-            "horovod+fp16",
-            "slurm+--amp=bf16+--no-augment",
-            "apex+accum2",
-        ],
-        timeout=60,
-    )
+    rows = [
+        "distributed",
+        "distributed+bf16+accum4",
+        "horovod+fp16",
+        "slurm+--amp=bf16+--no-augment",
+        "apex+accum2",
+        "fsdp+4hosts",
+        "distributed+224px+onebucket",
+    ]
+    p = run(["bash", "-c", show, "-", *rows], timeout=60)
     assert p.stdout.splitlines() == [
-        "distributed.py 1 ",
-        "distributed.py 4 --grad-compression bf16 --gradient-accumulation-steps 4",
-        "horovod_distributed.py 1 --grad-compression fp16",
-        "distributed_slurm_main.py 1 --amp=bf16 --no-augment",
-        "apex_distributed.py 2 --gradient-accumulation-steps 2",
+        "distributed.py 1 64 2 |  < distributed",
+        "distributed.py 4 64 2 | --grad-compression bf16 --gradient-accumulation-steps 4 "
+        "< distributed+bf16+accum4",
+        "horovod_distributed.py 1 64 2 | --grad-compression fp16 < distributed+fp16",
+        "distributed_slurm_main.py 1 64 2 | --amp=bf16 --no-augment "
+        "< distributed+--amp=bf16+--no-augment",
+        "apex_distributed.py 2 64 2 | --gradient-accumulation-steps 2 < apex+accum2",
+        "fsdp_distributed.py 1 64 4 |  < distributed",
+        "distributed.py 1 224 2 tools/scaling_model.py one-bucket|  < distributed+224px",
     ]
 
 
@@ -171,6 +192,9 @@ def test_rows_and_links_are_checked_before_anything_runs(tmp_path):
             "row 'distributed+accumX': 'accumX' is not accumK",
         ),
         (["--hosts", "2", "--rows", "distributed+zip"], "unknown tag 'zip'"),
+        (["--hosts", "2", "--rows", "distributed+1hosts"], "'1hosts' wants 2 to 16 hosts"),
+        (["--hosts", "2", "--rows", "slurm+4hosts"], "slurm runs across --hosts N only"),
+        (["--hosts", "2", "--rows", "fsdp+onebucket"], "onebucket is for torchrun's DDP rows"),
         (["--link", "1gbit"], "--link, --rows and --steps go with --hosts N"),
     ]
     for args, message in cases:
@@ -188,31 +212,23 @@ def test_rows_and_links_are_checked_before_anything_runs(tmp_path):
 
 def test_allreduce_bench_reports_busbw_as_nccl_tests_does(tmp_path):
     out = tmp_path / "ar.json"
+    tool = os.path.join(ROOT, "tools", "allreduce_bench.py")
     p = run(
-        [
-            os.path.join(BIN, "torchrun"),
-            "--standalone",
-            "--nproc_per_node=2",
-            os.path.join(ROOT, "tools", "allreduce_bench.py"),
-            "-b",
-            "64K",
-            "-e",
-            "1M",
-            "-f",
-            "4",
-            "--seconds",
-            "0.2",
-            "--json",
-            str(out),
-        ]
+        [os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node=2", tool]
+        + ["-b", "64K", "-e", "1M", "-f", "4", "--seconds", "0.2", "--json", str(out)]
+        + ["--op", "all_reduce,all_gather,reduce_scatter"]
     )
     bench = json.loads(out.read_text())
-    assert [r["bytes"] for r in bench["rows"]] == [65536, 262144, 1048576]
-    for r in bench["rows"]:  # algbw = size / time; busbw = algbw x 2(n-1)/n, = algbw for n = 2
-        assert r["algbw_Bps"] == pytest.approx(r["bytes"] / r["time_s"])
-        assert r["busbw_Bps"] == pytest.approx(r["algbw_Bps"] * 2 * (2 - 1) / 2)
-    assert f"{bench['rows'][-1]['time_s'] * 1e6:.1f}" in p.stdout and "busbw" in p.stdout
-    assert bench["fit"]["busbw_Bps"] > 0 and bench["fit"]["alpha_s"] >= 0
+    # algbw = size / time; busbw = algbw x 2(n-1)/n for an all-reduce, x (n-1)/n for the others
+    for op, factor in (("all_reduce", 1.0), ("all_gather", 0.5), ("reduce_scatter", 0.5)):
+        rows = bench["ops"][op]["rows"]
+        assert [r["bytes"] for r in rows] == [65536, 262144, 1048576], op
+        for r in rows:
+            assert r["algbw_Bps"] == pytest.approx(r["bytes"] / r["time_s"])
+            assert r["busbw_Bps"] == pytest.approx(r["algbw_Bps"] * factor)
+        assert f"{rows[-1]['time_s'] * 1e6:.1f}" in p.stdout
+        fit = bench["ops"][op]["fit"]
+        assert fit["busbw_Bps"] > 0 and fit["alpha_s"] >= 0, (op, fit)
 
 
 def test_allreduce_bench_outside_torchrun_says_so_in_one_line():
@@ -240,64 +256,193 @@ def test_allreduce_bench_outside_torchrun_says_so_in_one_line():
     assert p.returncode == 2 and "not a size in bytes" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_the_models_buckets_are_ddps():
-    """The gradients of the profile come in DDP's own buckets (read from DDP after its rebuild); the
-    model's bucketing of a given model, which has no DDP to ask, must make the same buckets from the
-    parameters in reverse order, DDP's assumed order, for these models whose forward runs in
-    definition order."""
+def test_the_models_buckets_are_ddps_and_its_fsdp_groups_fsdp_distributed_s():
+    """The gradients of the profile come in DDP's own buckets (read from DDP after its rebuild);
+    the model's bucketing of a given model, which has no DDP to ask, must make the same buckets
+    from the parameters in reverse order, DDP's assumed order, for these models whose forward runs
+    in definition order. Its FSDP groups are those fsdp_distributed.py makes."""
     code = f"""
-import json, sys, torch, torch.distributed as dist, torchvision
-sys.path.insert(0, {os.path.join(ROOT, "tools")!r})
-import scaling_model
+import json, sys, types, torch, torch.distributed as dist, torchvision
+sys.path[:0] = [{os.path.join(ROOT, "tools")!r}, {ROOT!r}]
+import scaling_model, fsdp_distributed
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 for arch in ("resnet18", "resnet50"):
     m = torchvision.models.get_model(arch, num_classes=10)
     d = torch.nn.parallel.DistributedDataParallel(m)
-    # DDP rebuilds its buckets in the second iteration and logs them in the third
-    for _ in range(3):
+    for _ in range(3):  # DDP rebuilds its buckets in the second iteration, logs them in the third
         d(torch.randn(2, 3, 32, 32)).sum().backward()
     sizes = [p.numel() * 4 for p in m.parameters()]
     rev = list(range(len(sizes)))[::-1]
     ours = [sorted(rev[j] for j in b) for b in scaling_model.ddp_buckets([sizes[i] for i in rev])]
     theirs = d._get_ddp_logging_data()["rebuilt_per_bucket_param_indices"]
-    print(json.dumps([arch, ours, [sorted(int(i) for i in b.split()) for b in theirs.split(",")]]))
+    theirs = [sorted(int(i) for i in b.split()) for b in theirs.split(",")]
+    groups = scaling_model.fsdp_groups(m)
+    print(json.dumps([arch, ours, theirs, len(groups), max(groups) / sum(groups)]), flush=True)
+    args = types.SimpleNamespace(amp="fp32", grad_compression="none")
+    sgd = torch.optim.SGD(m.parameters(), lr=0.1)
+    fsdp_distributed.distribute(m, sgd, args, torch.device("cpu"))
 """
     p = run([PY, "-c", code], timeout=300)
-    for line in p.stdout.strip().splitlines()[-2:]:
-        arch, ours, theirs = json.loads(line)
+    lines = [line for line in p.stdout.splitlines() if line.startswith(("[", "fsdp_distributed"))]
+    assert len(lines) == 4, p.stdout
+    for ours_line, script_line in zip(lines[0::2], lines[1::2], strict=True):
+        arch, ours, theirs, count, largest = json.loads(ours_line)
         assert ours == theirs and len(ours) > 1, arch
+        # the script's own count of its groups and share of the largest
+        assert f"{count} FSDP groups, the largest {largest:.1%} of the parameters" in script_line
+
+
+def flat_link(busbw, hop_s=0.0, intra_busbw=None):
+    """Every collective at busbw bytes/s, with no latency but hop_s a ring step."""
+    ops = {op: (0.0, busbw) for op in scaling_model.OPS}
+    return scaling_model.Link("test", ops, hop_s, intra_busbw)
+
+
+MB = 1e6
 
 
 def test_the_model_hides_what_overlaps_and_scales_compression_and_accumulation():
-    """A profile whose gradients are ready early: the all-reduces hide behind the backward pass on a
-    fast link; on a slow one the step is the link's time; bf16 halves the bytes; 4 micro-batches
+    """A profile whose gradients are ready early: the all-reduces hide behind the backward pass on
+    a fast link; on a slow one the step is the link's time; bf16 halves the bytes; 4 micro-batches
     carry 4x the images over the same all-reduces."""
-    mb = 1e6
     prof = dict(
         forward_s=0.1,
         backward_s=0.2,
         optimizer_s=0.0,
         compress_s_per_byte=0.0,
         batch=8,
-        buckets=[dict(bytes=10 * mb, ready_s=0.01), dict(bytes=10 * mb, ready_s=0.02)],
+        buckets=[dict(bytes=10 * MB, ready_s=0.01), dict(bytes=10 * MB, ready_s=0.02)],
     )
-    fast = scaling_model.Link("fast", 0.0, 1000 * mb)  # 20 ms for all
-    slow = scaling_model.Link("slow", 0.0, 10 * mb)  # 2 s for all
+    fast, slow = flat_link(1000 * MB), flat_link(10 * MB)  # 20 ms, 2 s for all
     hidden = scaling_model.step_time(prof, fast, 2, 1)
     assert hidden["step_s"] == pytest.approx(0.3) and hidden["efficiency"] == pytest.approx(1.0)
     bound = scaling_model.step_time(prof, slow, 2, 1)
-    assert bound["step_s"] == pytest.approx(0.1 + 0.01 + 2.0) and bound["comm_s"] == pytest.approx(
-        2.0
-    )
+    assert bound["step_s"] == pytest.approx(0.1 + 0.01 + 2.0)
+    assert bound["comm_s"] == pytest.approx(2.0)
     half = scaling_model.step_time(prof, slow, 2, 1, compression="bf16")
     assert half["comm_s"] == pytest.approx(1.0)
     accum = scaling_model.step_time(prof, slow, 2, 1, accum=4)
     assert accum["step_s"] == pytest.approx(3 * 0.3 + 0.1 + 0.01 + 2.0)
     assert accum["images_per_s"] / bound["images_per_s"] == pytest.approx(4 * 2.11 / 3.01)
     # N nodes x G GPUs: the ring's 2(n-1)/n over the slower of the node's link and NVLink
-    link = scaling_model.Link("25gbit", 0.0, 25e9 / 8, intra_busbw=200e9)
-    assert link.allreduce_s(100 * mb, 2, 8) == pytest.approx(100 * mb * 2 * 15 / 16 / (25e9 / 8))
-    assert link.allreduce_s(100 * mb, 1, 8) == pytest.approx(100 * mb * 2 * 7 / 8 / 200e9)
+    link = flat_link(25e9 / 8, intra_busbw=200e9)
+    assert link.time("all_reduce", 100 * MB, 2, 8) == pytest.approx(
+        100 * MB * 2 * 15 / 16 / 3.125e9
+    )
+    assert link.time("all_reduce", 100 * MB, 1, 8) == pytest.approx(100 * MB * 2 * 7 / 8 / 200e9)
+
+
+def test_fsdp_adds_its_gathers_in_both_passes_and_its_reduce_scatters():
+    """FSDP2 on gloo waits for each collective: per micro-batch an all-gather of every group before
+    its forward and of all but the root before its backward, then a reduce-scatter of each; gloo's
+    reduce-scatter (measured at half the all-gather's busbw) sends what an all-reduce does."""
+    prof = dict(forward_s=0.1, backward_s=0.2, optimizer_s=0.0, batch=8)
+    prof["fsdp_groups"] = [10 * MB, 10 * MB, 5 * MB]  # the root's last
+    link = scaling_model.Link(
+        "gloo", {"all_gather": (0.0, 10 * MB), "reduce_scatter": (0.0, 5 * MB)}
+    )
+    # at 2 processes a collective of S bytes takes S x 1/2 / busbw: 0.5 s a 10 MB gather, 1 s a
+    # 10 MB scatter
+    gathers, scatters = 0.5 + 0.5 + 0.25, 1.0 + 1.0 + 0.5
+    one = scaling_model.fsdp_step_time(prof, link, 2, 1)
+    assert one["comm_s"] == pytest.approx(2 * gathers - 0.25 + scatters)
+    assert one["step_s"] == pytest.approx(0.3 + one["comm_s"])
+    two = scaling_model.fsdp_step_time(prof, link, 2, 1, accum=2)  # gathered again, scattered once
+    assert two["comm_s"] == pytest.approx(2 * (2 * gathers - 0.25) + scatters)
+    bf16 = scaling_model.fsdp_step_time(prof, link, 2, 1, compression="bf16")
+    assert bf16["comm_s"] == pytest.approx(2 * gathers - 0.25 + scatters / 2)
+    with pytest.raises(ValueError, match="no all_gather measured .*--op all_gather"):
+        scaling_model.fsdp_step_time(prof, scaling_model.Link("ar", {}), 2, 1)
+
+
+def test_latency_grows_with_the_ring_steps(tmp_path):
+    """alpha(n) = base + 2(n-1) x hop: hop fitted from the all-reduce's latency at several process
+    counts (its time at the smallest size less that size's bytes), or alpha / steps from one."""
+    busbw, hop, paths = 100 * MB, 0.5e-3, []
+    for n in (2, 3, 4):
+        latency = 1e-3 + 2 * (n - 1) * hop + 4096 * 2 * (n - 1) / n / busbw
+        fit = dict(alpha_s=3e-3 + 2 * (n - 1) * hop, busbw_Bps=busbw)
+        rows = [dict(bytes=4096, time_s=latency)]
+        bench = dict(backend="gloo", world_size=n, ops=dict(all_reduce=dict(rows=rows, fit=fit)))
+        paths.append(tmp_path / f"ar{n}.json")
+        paths[-1].write_text(json.dumps(bench))
+    link = scaling_model.Link.measured(paths)
+    assert link.hop_s == pytest.approx(hop)
+    for n in (2, 3, 4, 16):  # at 2 processes: the bench's own fit
+        expected = 3e-3 + 2 * (n - 1) * hop + 10 * MB * 2 * (n - 1) / n / busbw
+        assert link.time("all_reduce", 10 * MB, n, 1) == pytest.approx(expected), n
+    alone = scaling_model.Link.measured(paths[:1])  # the latency grows in proportion to the steps
+    assert alone.hop_s == pytest.approx((1e-3 + 2 * hop) / 2)
+    assert alone.time("all_reduce", 0.1, 4, 1) == pytest.approx(
+        3e-3 + 2 * hop + 4 * alone.hop_s, abs=1e-7
+    )
+    given = scaling_model.Link.rate("80mbit", hop_s=5e-6)  # 10 MB/s
+    assert given.time("all_gather", 10 * MB, 4, 1) == pytest.approx(
+        6 * 5e-6 + 10 * MB * 3 / 4 / (10 * MB)
+    )
+
+
+def test_alone_step_scales_the_ready_times_a_new_bucket_cap_is_made_from():
+    """--alone-step with --bucket-cap-mb: the buckets are remade from the gradients' ready times
+    scaled to the measured step, so the last bucket, ready when the backward ends, is not hidden."""
+    params = [dict(bytes=10 * MB, ready_s=0.02), dict(bytes=10 * MB, ready_s=0.2)]
+    prof = dict(forward_s=0.1, backward_s=0.2, optimizer_s=0.0, compress_s_per_byte=0.0, batch=8)
+    prof.update(params=params, buckets=[scaling_model.bucket(params, [0, 1])])
+    link = flat_link(100 * MB)  # 0.1 s a bucket at 2 processes
+    slower = scaling_model.rebucket(scaling_model.calibrated(prof, 3.0), 5)  # 10x slower, 2 buckets
+    assert [b["ready_s"] for b in slower["buckets"]] == pytest.approx([0.2, 2.0])
+    # forward 1 s, backward 2 s: the second bucket's all-reduce starts at 3 s and ends at 3.1 s
+    step = scaling_model.step_time(slower, link, 2, 1)
+    assert step["step_s"] == pytest.approx(3.1) and step["efficiency"] == pytest.approx(3.0 / 3.1)
+    same = scaling_model.calibrated(scaling_model.rebucket(prof, 5), 3.0)  # either order
+    assert same["buckets"] == pytest.approx(slower["buckets"])
+
+
+def test_a_published_rate_gives_every_parameter_a_ready_time():
+    """ViT-B/16's parameters owned by modules that are not leaves (the class token, the position
+    embedding, attention's projections, an out_proj the forward never calls as a module) get
+    ready times: when their module is done in the backward, split by each module's own FLOPs."""
+    prof = scaling_model.given_profile("vit_b_16", 224, 8, 1000, 100.0)
+    names = [n for n, _ in torchvision_named_parameters("vit_b_16")]
+    ready = dict(zip(names, (p["ready_s"] for p in prof["params"]), strict=True))
+    bwd = prof["backward_s"]
+    assert bwd == pytest.approx(0.08 * 2 / 3, rel=0.05)  # backward: 2/3 of the FLOPs
+    assert all(0 <= t <= bwd * (1 + 1e-9) for t in ready.values())
+    assert ready["class_token"] == pytest.approx(bwd)  # used first, so done last
+    assert ready["encoder.pos_embedding"] == pytest.approx(bwd, rel=0.01)
+    layer = "encoder.layers.encoder_layer_0"
+    attention = ready[f"{layer}.self_attention.in_proj_weight"]
+    assert ready[f"{layer}.mlp.0.weight"] < attention  # the attention's own FLOPs counted
+    assert ready[f"{layer}.self_attention.out_proj.weight"] == attention
+    step = scaling_model.step_time(prof, flat_link(10e9 / 8), 2, 1)
+    assert step["images_per_s"] > 0 and len(prof["buckets"]) > 5
+
+
+def torchvision_named_parameters(arch):
+    import torch
+    import torchvision
+
+    with torch.device("meta"):
+        model = torchvision.models.get_model(arch)
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def test_one_bucket_runs_a_script_with_ddp_s_gradients_in_one_bucket(tmp_path):
+    """The no-overlap baseline: the script's DDP puts all of ResNet-18's gradients in one bucket,
+    which DDP's default splits into several, and the script gets its own arguments."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, torch, torch.distributed as dist, torchvision\n"
+        "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+        "m = torch.nn.parallel.DistributedDataParallel(torchvision.models.resnet18())\n"
+        "for _ in range(3):\n"
+        "    m(torch.randn(2, 3, 32, 32)).sum().backward()\n"
+        "print(sys.argv[1:], m._get_ddp_logging_data()['rebuilt_bucket_sizes'])\n"
+    )
+    tool = os.path.join(ROOT, "tools", "scaling_model.py")
+    p = run([PY, tool, "one-bucket", str(script), "-x", "--y"], timeout=120)
+    sizes = p.stdout.strip().rsplit("] ", 1)[-1]
+    assert p.stdout.startswith("['-x', '--y'] ") and sizes == str(11689512 * 4), p.stdout
 
 
 def test_scaling_model_bad_input_is_one_line(tmp_path):

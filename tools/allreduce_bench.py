@@ -1,31 +1,32 @@
 #!/usr/bin/env python3
-"""All-reduce bandwidth and latency of the real process group, printed the way nccl-tests prints them.
+"""Bandwidth and latency of the real process group's collectives, printed as nccl-tests does.
 
-    torchrun --nproc_per_node=2 tools/allreduce_bench.py                       # gloo on CPU, NCCL on GPUs
-    torchrun --nproc_per_node=8 tools/allreduce_bench.py -b 8 -e 1G -f 2       # nccl-tests' all_reduce_perf sweep
+    torchrun --nproc_per_node=2 tools/allreduce_bench.py               # gloo on CPU, NCCL on GPUs
+    torchrun --nproc_per_node=8 tools/allreduce_bench.py -b 8 -e 1G -f 2   # all_reduce_perf's sweep
+    torchrun --nproc_per_node=2 tools/allreduce_bench.py --op all_reduce,all_gather,reduce_scatter
     # across two test hosts (tools/hosts.sh), one process each:
     tools/hosts.sh exec node0 .venv/bin/torchrun --nnodes=2 --node-rank=0 --master-addr=node0 \\
         --master-port=29500 tools/allreduce_bench.py --json results/allreduce.json
     tools/hosts.sh exec node1 .venv/bin/torchrun --nnodes=2 --node-rank=1 --master-addr=node0 \\
         --master-port=29500 tools/allreduce_bench.py
 
-For each size, from --min-bytes to --max-bytes by --factor, every process all-reduces (sum, in place) a
-tensor of that many bytes, a few times after a warm-up, and rank 0 prints the time of one all-reduce (the
-mean over the timed ones, the slowest process's) and two bandwidths, as nccl-tests defines them:
+For each collective of --op (all_reduce: a sum in place; all_gather and reduce_scatter: the
+single-tensor forms FSDP2 calls) and each size from --min-bytes to --max-bytes by --factor, every
+process runs it a few times after a warm-up, and rank 0 prints the time of one (the mean over the
+timed ones, the slowest process's) and two bandwidths, as nccl-tests defines them (the size is the
+all-reduce's tensor, the all-gather's output, the reduce-scatter's input):
 
-  algbw = size / time                        what the caller sees: bytes reduced per second
-  busbw = algbw x 2 (n - 1) / n              n processes: what each link carries per second. A ring
-                                             all-reduce sends and receives 2 (n - 1) / n x size bytes per
-                                             process (a reduce-scatter, then an all-gather), so busbw is
-                                             comparable with the link's speed, whatever n
+  algbw = size / time       what the caller sees: bytes per second
+  busbw = algbw x f         what each link of a ring of n processes carries per second: f =
+                            2 (n - 1) / n for an all-reduce (a reduce-scatter, then an all-gather),
+                            (n - 1) / n for the others; comparable with the link's speed, whatever
+                            n, where the backend sends what a ring sends
 
-Then the latency (the time at the smallest size, where bandwidth hardly counts) and a straight-line fit
-over the sizes from --fit-from up: time = alpha + size x 2 (n - 1) / n / busbw, the two numbers
-tools/scaling_model.py uses for a link. GB/s are 1e9 bytes per second; Gbit/s are 1e9 bits.
-
-The number of timed all-reduces per size is what fits in about --seconds (at least 1, at most --iters), so
-a slow link (tools/hosts.sh shape 100mbit) is measured in bounded time. --json PATH writes the table and
-the fit for tools/scaling_model.py and start.sh.
+and the bytes each process sent per collective over every interface but loopback (in a test host of
+tools/hosts.sh, what it sent). Then the latency (the time at the smallest size) and a fit over the
+sizes from --fit-from up, time = alpha + size x f / busbw, which tools/scaling_model.py uses for a
+link. GB/s are 1e9 bytes per second, Gbit/s 1e9 bits. A size is timed as often as fits in about
+--seconds (1 to --iters), so that a slow link is measured in bounded time. --json writes it all.
 """
 
 import argparse
@@ -40,11 +41,8 @@ import time
 
 PROG = os.path.basename(sys.argv[0])
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
-DTYPES = {
-    "float32": "float",
-    "bfloat16": "bfloat16",
-    "float16": "half",
-}  # nccl-tests' names in the type column
+DTYPES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half"}  # nccl-tests' names
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 def fail(message):
@@ -56,230 +54,204 @@ def parse_bytes(text):
     """'64K' -> 65536, '1G' -> 2**30, '4096' -> 4096, as nccl-tests reads -b and -e."""
     m = re.fullmatch(r"(\d+)([KMG]?)B?", text.strip().upper())
     if not m or int(m.group(1)) == 0:
-        raise argparse.ArgumentTypeError(f"not a size in bytes: '{text}' (e.g. 4096, 64K, 16M, 1G)")
+        raise argparse.ArgumentTypeError(f"not a size in bytes: '{text}' (e.g. 4096, 64K, 1G)")
     return int(m.group(1)) * UNITS[m.group(2)]
 
 
-def sizes(lo, hi, factor, elem):
-    """lo, lo x factor, ... up to hi, each rounded down to whole elements (at least one)."""
+def sizes(lo, hi, factor, unit):
+    """lo, lo x factor, ... up to hi, each rounded down to whole units (at least one)."""
     out, s = [], lo
     while s <= hi:
-        out.append(max(elem, s // elem * elem))
+        out.append(max(unit, s // unit * unit))
         s *= factor
     return list(dict.fromkeys(out))
 
 
-def fit(rows, n, fit_from):
-    """(alpha seconds, busbw bytes/s) of time = alpha + size x 2(n-1)/n / busbw, least squares over the rows
-    of at least fit_from bytes (the two largest sizes if fewer). alpha is not let below 0: a negative
-    intercept is noise, and the smallest size's time is then the better latency."""
+def bus_factor(op, n):
+    return (2 if op == "all_reduce" else 1) * (n - 1) / n
+
+
+def fit(rows, factor, fit_from):
+    """(alpha seconds, busbw bytes/s) of time = alpha + size x factor / busbw, least squares over
+    the rows of at least fit_from bytes (the two largest sizes if fewer). alpha is not let below
+    0: a negative intercept is noise, and the smallest size's time is then the better latency."""
     use = [r for r in rows if r["bytes"] >= fit_from]
     if len(use) < 2:
         use = rows[-2:]
-    xs = [r["bytes"] * 2 * (n - 1) / n for r in use]
+    xs = [r["bytes"] * factor for r in use]
     ys = [r["time_s"] for r in use]
     if len(use) < 2 or max(xs) == min(xs):
         return rows[0]["time_s"], (xs[-1] / ys[-1] if ys[-1] > 0 else None)
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    slope /= sum((x - mx) ** 2 for x in xs)
     if slope <= 0:
         return rows[0]["time_s"], xs[-1] / ys[-1]
     alpha = my - slope * mx
     if alpha < 0:  # refit through the smallest size's time
         alpha = min(r["time_s"] for r in rows)
-        slope = sum((y - alpha) * x for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+        slope = sum((y - alpha) * x for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
     return alpha, 1 / slope
 
 
-def main():
+def sent_bytes():
+    """Bytes this network namespace has sent over every interface but loopback."""
+    with open("/proc/net/dev") as f:
+        lines = [line.split(":", 1) for line in f.readlines()[2:]]
+    return sum(int(counters.split()[8]) for name, counters in lines if name.strip() != "lo")
+
+
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "-b",
-        "--min-bytes",
-        type=parse_bytes,
-        default=parse_bytes("4K"),
-        help="smallest size (default 4K)",
-    )
-    p.add_argument(
-        "-e",
-        "--max-bytes",
-        type=parse_bytes,
-        default=parse_bytes("64M"),
-        help="largest size (default 64M)",
-    )
-    p.add_argument(
-        "-f", "--factor", type=int, default=4, help="size multiplier between rows (default 4)"
-    )
-    p.add_argument("-d", "--dtype", choices=sorted(DTYPES), default="float32")
-    p.add_argument(
-        "-w", "--warmup", type=int, default=1, help="untimed all-reduces per size (default 1)"
-    )
-    p.add_argument(
-        "-n", "--iters", type=int, default=20, help="most timed all-reduces per size (default 20)"
-    )
-    p.add_argument(
-        "--seconds",
-        type=float,
-        default=1.0,
-        help="time to spend timing each size: fewer all-reduces where one is slow (default 1)",
-    )
-    p.add_argument(
-        "--fit-from",
-        type=parse_bytes,
-        default=parse_bytes("256K"),
-        help="smallest size in the alpha + size / busbw fit (default 256K)",
-    )
-    p.add_argument("--backend", help="default: nccl with CUDA, else gloo")
-    p.add_argument(
-        "--threads", type=int, default=1, help="intra-op threads per process (default 1)"
-    )
-    p.add_argument(
-        "--timeout", type=float, default=600, help="seconds before a stuck all-reduce fails"
-    )
-    p.add_argument("--json", metavar="PATH", help="write the table and the fit here (rank 0)")
+    add = p.add_argument
+    add("-b", "--min-bytes", type=parse_bytes, default=4096, help="smallest size (4K)")
+    add("-e", "--max-bytes", type=parse_bytes, default=2**26, help="largest size (64M)")
+    add("-f", "--factor", type=int, default=4, help="size multiplier between rows (4)")
+    add("-d", "--dtype", choices=sorted(DTYPES), default="float32")
+    add("--op", type=lambda t: t.split(","), default=["all_reduce"], help=", ".join(OPS))
+    add("-w", "--warmup", type=int, default=1, help="untimed collectives per size (1)")
+    add("-n", "--iters", type=int, default=20, help="most timed collectives per size (20)")
+    add("--seconds", type=float, default=1.0, help="time to spend on each size (about 1)")
+    add("--fit-from", type=parse_bytes, default=2**18, help="smallest size in the fit (256K)")
+    add("--backend", help="default: nccl with CUDA, else gloo")
+    add("--threads", type=int, default=1, help="intra-op threads per process (1)")
+    add("--timeout", type=float, default=600, help="seconds before a stuck collective fails")
+    add("--json", metavar="PATH", help="write the tables and the fits here (rank 0)")
     args = p.parse_args()
+    if set(args.op) - set(OPS):
+        p.error(f"--op: not a collective: {', '.join(set(args.op) - set(OPS))} ({', '.join(OPS)})")
     if args.min_bytes > args.max_bytes:
         p.error(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}")
-    if (
-        args.factor < 2
-        or args.warmup < 0
-        or args.iters < 1
-        or args.seconds <= 0
-        or args.threads < 1
-    ):
+    if min(args.factor - 1, args.warmup + 1, args.iters, args.threads) < 1 or args.seconds <= 0:
         p.error("--factor must be >= 2, --warmup >= 0, --iters >= 1, --seconds > 0, --threads >= 1")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         fail(
             "start it with torchrun (it reads RANK, WORLD_SIZE, MASTER_ADDR), e.g. "
             f"torchrun --nproc_per_node=2 {sys.argv[0]}"
         )
-    if args.json and os.path.dirname(args.json) and not os.path.isdir(os.path.dirname(args.json)):
-        fail(f"--json {args.json}: folder {os.path.dirname(args.json)} does not exist")
+    folder = os.path.dirname(args.json or "")
+    if folder and not os.path.isdir(folder):
+        fail(f"--json {args.json}: folder {folder} does not exist")
+    return args
 
+
+def main():
+    args = parse_args()
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(args.threads)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    cuda = torch.cuda.is_available()
-    backend = args.backend or ("nccl" if cuda else "gloo")
-    device = (
-        torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        if backend == "nccl"
-        else torch.device("cpu")
-    )
-    if device.type == "cuda":
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
     try:
-        dist.init_process_group(
-            backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.timeout)
-        )
-    except (
-        RuntimeError,
-        ValueError,
-    ) as e:  # DistError is a RuntimeError: a peer that never came, a port in use
+        timeout = datetime.timedelta(seconds=args.timeout)
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
+    except (RuntimeError, ValueError) as e:  # DistError is one: a peer that never came, a port
         fail(f"cannot join the process group ({backend}): {str(e).strip().splitlines()[0]}")
     dtype = getattr(torch, args.dtype)
     elem = torch.empty((), dtype=dtype).element_size()
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    def slowest(seconds):
-        """The largest of the processes' values: a collective ends when its slowest process is done."""
-        t = torch.tensor([seconds], dtype=torch.float64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
 
     hosts = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
     if rank == 0:
         print(
-            f"# {PROG}: all_reduce (sum, in place), {backend}, {world} processes on {len(set(hosts))} host(s) "
-            f"({', '.join(dict.fromkeys(hosts))}), {args.dtype}, torch {torch.__version__}"
+            f"# {PROG}: {', '.join(args.op)}, {backend}, {world} processes on {len(set(hosts))} "
+            f"host(s) ({', '.join(dict.fromkeys(hosts))}), {args.dtype}, torch {torch.__version__}"
         )
         print(
-            f"# warm-up {args.warmup}, then as many all-reduces as fit in ~{args.seconds:g} s (1 to {args.iters}); "
-            "time: mean of one all-reduce, slowest process"
+            f"# warm-up {args.warmup}, then as many as fit in ~{args.seconds:g} s (1 to "
+            f"{args.iters}); time: mean of one, slowest process; sent: bytes a process sent"
         )
-        print("#")
-        print(f"# {'size':>10} {'count':>12} {'type':>9} {'time':>10} {'algbw':>8} {'busbw':>8}")
-        print(
-            f"# {'(B)':>10} {'(elements)':>12} {'':>9} {'(us)':>10} {'(GB/s)':>8} {'(GB/s)':>8}",
-            flush=True,
+    results = {}
+    for op in args.op:
+        rows = measure(op, args, world, elem, dtype, device, rank == 0)
+        alpha, busbw = (
+            (rows[0]["time_s"], None)
+            if world == 1
+            else fit(rows, bus_factor(op, world), args.fit_from)
         )
-    rows = []
-    for size in sizes(args.min_bytes, args.max_bytes, args.factor, elem):
-        x = torch.ones(size // elem, dtype=dtype, device=device)
-        t0 = time.perf_counter()
-        for _ in range(max(args.warmup, 1)):  # one at least: it tells how many fit in --seconds
-            dist.all_reduce(x)
-        sync()
-        first = slowest((time.perf_counter() - t0) / max(args.warmup, 1))
-        iters = max(
-            1, min(args.iters, math.floor(args.seconds / first) if first > 0 else args.iters)
-        )
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(x)
-        sync()
-        t = slowest((time.perf_counter() - t0) / iters)
-        algbw = size / t
-        busbw = algbw * 2 * (world - 1) / world
-        rows.append(
-            dict(
-                bytes=size,
-                count=size // elem,
-                time_s=t,
-                iters=iters,
-                algbw_Bps=algbw,
-                busbw_Bps=busbw,
-            )
-        )
+        fitted = dict(alpha_s=alpha, busbw_Bps=busbw, from_bytes=args.fit_from)
+        results[op] = dict(rows=rows, latency_s=rows[0]["time_s"], fit=fitted)
         if rank == 0:
             print(
-                f"  {size:>10} {size // elem:>12} {DTYPES[args.dtype]:>9} {t * 1e6:>10.1f} {algbw / 1e9:>8.3f} "
-                f"{busbw / 1e9:>8.3f}",
+                f"# {op}: latency (time at {rows[0]['bytes']} B) {rows[0]['time_s'] * 1e6:.1f} us"
+            )
+            if busbw:
+                print(
+                    f"# {op}: fit over sizes >= {args.fit_from} B: time = {alpha * 1e6:.1f} us + "
+                    f"size x {bus_factor(op, world):.3g} / {busbw / 1e9:.4f} GB/s "
+                    f"({busbw * 8 / 1e9:.3f} Gbit/s)",
+                    flush=True,
+                )
+    if rank == 0 and world == 1:
+        print("# one process: nothing crosses a link, so no bus bandwidth")
+    if rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            info = dict(tool=PROG, backend=backend, world_size=world, hosts=hosts, dtype=args.dtype)
+            info.update(element_bytes=elem, torch=torch.__version__, command=" ".join(sys.argv))
+            f.write(json.dumps(dict(info, ops=results), indent=1) + "\n")
+    dist.destroy_process_group()
+
+
+def measure(op, args, world, elem, dtype, device, show):
+    """Times `op` at each size: a row per size, printed (by rank 0) as it comes."""
+    import torch
+    import torch.distributed as dist
+
+    def run(x, out):
+        if op == "all_reduce":
+            dist.all_reduce(x)
+        elif op == "all_gather":
+            dist.all_gather_single(out, x)
+        else:
+            dist.reduce_scatter_single(out, x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def timed(count, x, out):
+        """Seconds of one, the slowest process's; bytes a process sent, on average."""
+        sent, t0 = sent_bytes(), time.perf_counter()
+        for _ in range(count):
+            run(x, out)
+        both = torch.tensor([time.perf_counter() - t0, 0.0], dtype=torch.float64, device=device)
+        both[1] = (sent_bytes() - sent) / world
+        dist.all_reduce(both[1:])  # the mean over the processes
+        dist.all_reduce(both[:1], op=dist.ReduceOp.MAX)
+        return both[0].item() / count, both[1].item() / count
+
+    if show:
+        print(f"#\n# {op}")
+        print(
+            f"# {'size':>10} {'count':>12} {'type':>9} {'time':>10} {'algbw':>8} {'busbw':>8}",
+            end="",
+        )
+        print(f" {'sent':>12}\n# {'(B)':>10} {'(elements)':>12} {'':>9} {'(us)':>10} ", end="")
+        print(f"{'(GB/s)':>8} {'(GB/s)':>8} {'(B)':>12}")
+    rows = []
+    split = 1 if op == "all_reduce" else world  # the size is split evenly between the processes
+    for size in sizes(args.min_bytes, args.max_bytes, args.factor, elem * split):
+        whole = torch.ones(size // elem, dtype=dtype, device=device)
+        part = torch.empty(size // elem // split, dtype=dtype, device=device)
+        x, out = {"all_reduce": (whole, None), "all_gather": (part, whole)}.get(op, (whole, part))
+        first, _ = timed(max(args.warmup, 1), x, out)  # one at least: it tells how many fit
+        iters = max(1, min(args.iters, math.floor(args.seconds / first)))
+        dist.barrier()
+        t, sent = timed(iters, x, out)
+        algbw = size / t
+        busbw = algbw * bus_factor(op, world)
+        row = dict(bytes=size, count=size // elem, time_s=t, iters=iters, algbw_Bps=algbw)
+        rows.append(dict(row, busbw_Bps=busbw, sent_bytes=sent))
+        if show:
+            print(
+                f"  {size:>10} {size // elem:>12} {DTYPES[args.dtype]:>9} {t * 1e6:>10.1f} "
+                f"{algbw / 1e9:>8.3f} {busbw / 1e9:>8.3f} {sent:>12.0f}",
                 flush=True,
             )
-        del x
-    alpha, bus = fit(rows, world, args.fit_from) if world > 1 else (rows[0]["time_s"], None)
-    if rank == 0:
-        print(f"# latency (time at {rows[0]['bytes']} B): {rows[0]['time_s'] * 1e6:.1f} us")
-        if bus:
-            print(
-                f"# busbw at {rows[-1]['bytes']} B: {rows[-1]['busbw_Bps'] / 1e9:.3f} GB/s "
-                f"({rows[-1]['busbw_Bps'] * 8 / 1e9:.3f} Gbit/s)"
-            )
-            print(
-                f"# fit over sizes >= {args.fit_from} B: time = {alpha * 1e6:.1f} us + size x 2(n-1)/n / "
-                f"{bus / 1e9:.4f} GB/s ({bus * 8 / 1e9:.3f} Gbit/s)"
-            )
-        else:
-            print("# one process: nothing crosses a link, so no bus bandwidth")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(
-                    dict(
-                        tool=PROG,
-                        backend=backend,
-                        world_size=world,
-                        hosts=hosts,
-                        dtype=args.dtype,
-                        element_bytes=elem,
-                        torch=torch.__version__,
-                        rows=rows,
-                        latency_s=rows[0]["time_s"],
-                        fit=dict(alpha_s=alpha, busbw_Bps=bus, from_bytes=args.fit_from),
-                        command=" ".join(sys.argv),
-                    ),
-                    f,
-                    indent=1,
-                )
-                f.write("\n")
-    dist.destroy_process_group()
+    return rows
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ processes x T threads in precision X is measured against P x peak_X(T).
 import argparse
 import csv
 import datetime
+import glob
 import json
 import math
 import os
@@ -812,36 +813,39 @@ def png_mfu_line(ok_rows, model):
 
 
 # ---- the benchmark across test hosts: start.sh --hosts N --link RATES ----
-# Its runs are under RESULTS/runs-network: manifest.tsv (row, rate, the one-host row it is compared with,
-# status, processes, threads, exit status, wall seconds, command or reason), RATE/ROW/metrics.jsonl for
-# each run across the hosts, 1host/ROW/metrics.jsonl for the one-process runs, allreduce-RATE.json
-# (tools/allreduce_bench.py) for each link and profile.json (tools/scaling_model.py profile).
+# Its runs are under RESULTS/runs-network: manifest.tsv (row, rate, the one-host row it is compared
+# with, status, processes, threads, exit status, wall seconds, command or reason), RATE/ROW/ and
+# 1host/ROW/metrics.jsonl, allreduce-RATE-nN.json (tools/allreduce_bench.py at N hosts) for each
+# link and profile-SIZE.json (tools/scaling_model.py profile) for each image size.
 
 ONE_HOST = "1 host"
-# (name, minimum or maximum, what): measured within the run, on a comm-bound link (the slowest rate)
-NET_COMPRESSION_MIN, NET_ACCUM_MIN, NET_ACCUM_K = 1.6, 2.5, 4
-NET_OVERLAP_MAX = 1.15  # step time over max(compute, communication)
-NET_MODEL_ERR, NET_MODEL_RATES = 15.0, 3  # % off the measured images/s, at this many rates or more
-MODELED = (
-    "distributed",
-    "multiprocessing",
-    "slurm",
-)  # launchers of distributed.py's DDP step (the model's)
+NET_COMPRESSION_MIN, NET_ACCUM_MIN, NET_ACCUM_K = 1.6, 2.5, 4  # images/s ratios at the slowest rate
+NET_HIDDEN_MIN, NET_GPU_REGIME = 25.0, 0.8  # % hidden where all-reduce / backward <= 0.8
+NET_MODEL_ERR = {"ddp": 15.0, "fsdp": 20.0}  # % off the measured images/s, every modeled run
+# launchers of distributed.py's DDP step, and FSDP: the rows the model describes
+MODELED = {"distributed": "ddp", "multiprocessing": "ddp", "slurm": "ddp", "fsdp": "fsdp"}
+ONE_BUCKET_MB = 2**20  # scaling_model.py one-bucket's bucket_cap_mb
 
 
-def row_parts(row):
-    """'distributed+bf16+accum4' -> ('distributed', 'bf16', 4, []): the backend, the gradient compression, the
-    micro-batches per step and any other tags (script options), as start.sh's netbench.sh reads a row."""
+def row_parts(row, hosts=2, size=None):
+    """'distributed+bf16+accum4' -> backend, compression, micro-batches a step, image size (size
+    unless SIZEpx), hosts (hosts unless Mhosts), one bucket or not, other tags (script options),
+    as netbench.sh reads a row."""
     backend, *tags = row.split("+")
-    compression, k, other = "none", 1, []
+    parts = dict(backend=backend, compression="none", accum=1, size=size, hosts=hosts)
+    parts.update(onebucket=False, other=[])
     for t in tags:
         if t in ("bf16", "fp16"):
-            compression = t
+            parts["compression"] = t
         elif re.fullmatch(r"accum[1-9]\d*", t):
-            k = int(t[5:])
+            parts["accum"] = int(t[5:])
+        elif re.fullmatch(r"[1-9]\d*(px|hosts)", t):
+            parts["size" if t.endswith("px") else "hosts"] = int(re.match(r"\d+", t).group())
+        elif t == "onebucket":
+            parts["onebucket"] = True
         else:
-            other.append(t)
-    return backend, compression, k, other
+            parts["other"].append(t)
+    return parts
 
 
 def rate_key(rate):
@@ -859,215 +863,184 @@ def last_metrics(path):
     return m[-1] if m else {}
 
 
-def summarise_network(results, hosts, batch, loader_ips=None, workers=0):
-    from scaling_model import Link, calibrated, step_time
-
-    runs_dir = os.path.join(results, "runs-network")
-    manifest = []
+def read_network_manifest(runs_dir):
+    keys = ("row", "rate", "ref", "status", "processes", "threads", "rc", "wall", "command")
     with open(os.path.join(runs_dir, "manifest.tsv")) as f:
-        for line in f:
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) >= 9:
-                manifest.append(
-                    dict(
-                        zip(
-                            (
-                                "row",
-                                "rate",
-                                "ref",
-                                "status",
-                                "processes",
-                                "threads",
-                                "rc",
-                                "wall",
-                                "command",
-                            ),
-                            parts[:9],
-                        )
-                    )
-                )
-    profile_path = os.path.join(runs_dir, "profile.json")
-    profile = json.load(open(profile_path)) if os.path.isfile(profile_path) else None
-    rates = sorted(
-        dict.fromkeys(m["rate"] for m in manifest if m["rate"] != ONE_HOST), key=rate_key
-    )
+        lines = [line.rstrip("\n").split("\t") for line in f]
+    return [dict(zip(keys, parts[:9], strict=True)) for parts in lines if len(parts) >= 9]
+
+
+def network_links(runs_dir, rates):
+    """Per rate: the collectives' benchmarks by host count, and the link the model makes of them."""
+    from scaling_model import Link
+
     links = {}
     for rate in rates:
-        path = os.path.join(runs_dir, f"allreduce-{rate}.json")
-        if os.path.isfile(path):
-            bench = json.load(open(path))
-            links[rate] = dict(bench=bench, link=Link.from_bench(path), path=path)
+        paths = glob.glob(os.path.join(runs_dir, f"allreduce-{rate}-n*.json"))
+        paths.sort(key=lambda p: int(re.search(r"-n(\d+)\.json$", p).group(1)))
+        if paths:
+            benches = [json.load(open(p)) for p in paths]
+            links[rate] = dict(benches=benches, link=Link.measured(paths), paths=paths)
+    return links
+
+
+def summarise_network(results, hosts, batch, image_size, cores, loader_ips=None, workers=0):
+    runs_dir = os.path.join(results, "runs-network")
+    manifest = read_network_manifest(runs_dir)
+    profiles = {}
+    for path in glob.glob(os.path.join(runs_dir, "profile-*.json")):
+        profile = json.load(open(path))
+        profiles[profile["image_size"]] = dict(profile, path=path)
+    rates = sorted({m["rate"] for m in manifest if m["rate"] != ONE_HOST}, key=rate_key)
+    links = network_links(runs_dir, rates)
+    micro = batch // hosts  # images per process and micro-batch
     refs, runs = {}, []
     for m in manifest:
         if m["row"] == "allreduce":
             continue
-        backend, compression, k, other = row_parts(m["row"])
+        parts = row_parts(m["row"], hosts, image_size)
         one = m["rate"] == ONE_HOST
         d = os.path.join(runs_dir, "1host" if one else m["rate"], m["row"])
-        last = last_metrics(os.path.join(d, "metrics.jsonl")) if m["status"] == "ok" else {}
-        ips = last.get("train_images_per_s")
-        images = (batch // hosts if one else batch) * k  # images per optimizer step, all processes
-        r = dict(
-            row=m["row"],
-            backend=backend,
-            compression=compression,
-            accum=k,
-            other=other,
-            rate=m["rate"],
-            ref=m["ref"],
-            status=m["status"] if (ips or m["status"] != "ok") else "failed",
-            processes=m["processes"],
-            threads=m["threads"],
-            wall_s=m["wall"],
-            images_per_s=ips,
-            step_s=images / ips if ips else None,
-            images_per_step=images,
-            command=as_typed(m["command"]),
-            note=""
-            if m["status"] == "ok" and ips
-            else (
-                as_typed(m["command"])
-                if m["status"] == "skipped"
-                else f"exit status {m['rc']}; see runs-network/{os.path.relpath(d, runs_dir)}/host*.log"
-            ),
-        )
-        (refs.__setitem__(m["row"], r) if one else runs.append(r))
-    data_s = (profile["batch"] / loader_ips) if profile and loader_ips and not workers else 0.0
+        ips = last_metrics(os.path.join(d, "metrics.jsonl")).get("train_images_per_s")
+        images = micro * (1 if one else parts["hosts"]) * parts["accum"]  # per optimizer step
+        status = m["status"] if (ips or m["status"] != "ok") else "failed"
+        if status == "ok":
+            note = ""
+        elif status == "skipped":
+            note = as_typed(m["command"])
+        else:
+            note = (
+                f"exit status {m['rc']}; see runs-network/{os.path.relpath(d, runs_dir)}/host*.log"
+            )
+        r = dict(m, **parts, status=status, wall_s=m["wall"], images_per_s=ips, note=note)
+        r.update(step_s=images / ips if ips else None, images_per_step=images)
+        r["command"] = as_typed(m["command"])
+        if one:
+            refs[m["row"]] = r
+        else:
+            runs.append(r)
     for r in runs:
         ref = refs.get(r["ref"])
         ok = r["images_per_s"] and ref and ref.get("images_per_s")
         r["one_host_images_per_s"] = ref["images_per_s"] if ref else None
         r["one_host_step_s"] = ref["step_s"] if ref else None
-        r["efficiency"] = r["images_per_s"] / (hosts * ref["images_per_s"]) if ok else None
+        r["efficiency"] = r["images_per_s"] / (r["hosts"] * ref["images_per_s"]) if ok else None
         r["exposed_s"] = r["step_s"] - ref["step_s"] if ok else None
-        r["predicted_images_per_s"] = r["model_error_pct"] = r["comm_s"] = r["overlap"] = None
-        r["predicted_overlap"] = r["hidden_pct"] = None
-        link = links.get(r["rate"])
-        if (
-            profile
-            and link
-            and r["backend"] in MODELED
-            and not r["other"]
-            and ref
-            and ref.get("step_s")
-        ):
-            # the profile's split at the speed of the one-host run, which ran the same steps in one process
-            prof = calibrated(profile, ref["step_s"], r["accum"], data_s)
-            pred = step_time(prof, link["link"], hosts, 1, r["compression"], r["accum"])
-            r["calibration"] = prof["calibration"]
-            r["predicted_images_per_s"], r["comm_s"] = pred["images_per_s"], pred["comm_s"]
-            if r["images_per_s"]:
-                r["model_error_pct"] = (
-                    100 * (pred["images_per_s"] - r["images_per_s"]) / r["images_per_s"]
+        predict(r, ref, profiles, links, cores, loader_ips if not workers else None)
+    for r in runs:  # a row beside its one-bucket twin at the same rate: the share hidden
+        twin = next(
+            (t for t in runs if t["rate"] == r["rate"] and t["row"] == r["row"] + "+onebucket"),
+            None,
+        )
+        r["hidden_pct"] = r["predicted_hidden_pct"] = r["baseline_step_s"] = None
+        if twin and r["step_s"] and twin["step_s"] and r["one_host_step_s"]:
+            r["baseline_step_s"] = twin["step_s"]
+            r["hidden_pct"] = hidden(r["step_s"], twin["step_s"], r["one_host_step_s"])
+            if r.get("predicted_step_s") and twin.get("predicted_step_s"):
+                r["predicted_hidden_pct"] = hidden(
+                    r["predicted_step_s"], twin["predicted_step_s"], r["predicted_alone_s"]
                 )
-            r["predicted_overlap"] = pred["step_s"] / max(ref["step_s"], pred["comm_s"])
-            if r["step_s"]:
-                r["overlap"] = r["step_s"] / max(ref["step_s"], pred["comm_s"])
-                r["hidden_pct"] = (
-                    100 * (1 - r["exposed_s"] / pred["comm_s"]) if pred["comm_s"] else None
-                )
-    return dict(rates=rates, links=links, refs=refs, runs=runs, profile=profile, data_s=data_s)
+    return dict(rates=rates, links=links, refs=refs, runs=runs, profiles=profiles)
+
+
+def hidden(step, baseline, alone):
+    """The share of the communication the backward pass hides, %: what a row saves against its
+    one-bucket twin, whose all-reduce hides nothing, over all the twin's communication."""
+    return 100 * (baseline - step) / (baseline - alone) if baseline > alone else None
+
+
+def predict(r, ref, profiles, links, cores, loader_ips):
+    """tools/scaling_model.py's images/s for a modeled run, and the command that prints it."""
+    from scaling_model import calibrated, fsdp_step_time, rebucket, step_time
+
+    r["predicted_images_per_s"] = r["model_error_pct"] = r["comm_s"] = r["predicted_step_s"] = None
+    strategy = MODELED.get(r["backend"])
+    profile = profiles.get(r["size"])
+    link = links.get(r["rate"])
+    if not (strategy and profile and link and ref and ref.get("step_s")) or r["other"]:
+        return
+    # the one-host run's step, the same work in one process; where the hosts' processes outnumber
+    # the cores, each computes at cores / processes of its speed. 4 digits, as the command shows it
+    alone = float(f"{ref['step_s'] * max(1.0, r['hosts'] / cores):.4g}")
+    data_s = profile["batch"] / loader_ips if loader_ips else 0.0
+    prof = calibrated(profile, alone, r["accum"], data_s)
+    if r["onebucket"]:
+        prof = rebucket(prof, ONE_BUCKET_MB)
+    model = fsdp_step_time if strategy == "fsdp" else step_time
+    pred = model(prof, link["link"], r["hosts"], 1, r["compression"], r["accum"])
+    r.update(calibration=prof["calibration"], comm_s=pred["comm_s"], predicted_alone_s=alone)
+    r.update(predicted_images_per_s=pred["images_per_s"], predicted_step_s=pred["step_s"])
+    r["comm_per_compute"] = pred["comm_s"] / alone
+    r["comm_per_backward"] = pred["comm_s"] / prof["backward_s"]
+    if r["images_per_s"]:
+        r["model_error_pct"] = 100 * (pred["images_per_s"] - r["images_per_s"]) / r["images_per_s"]
+    words = ["python", "tools/scaling_model.py", "predict", "--profile", profile["path"]]
+    words += ["--allreduce", ",".join(link["paths"]), "--nodes", str(r["hosts"])]
+    words += ["--alone-step", f"{alone:g}"] + (
+        ["--loader-ips", f"{loader_ips:g}"] if data_s else []
+    )
+    words += ["--compression", r["compression"]] if r["compression"] != "none" else []
+    words += ["--accum", str(r["accum"])] if r["accum"] > 1 else []
+    words += ["--bucket-cap-mb", str(ONE_BUCKET_MB)] if r["onebucket"] else []
+    words += ["--strategy", strategy] if strategy != "ddp" else []
+    r["predict_command"] = as_typed(" ".join(words))
 
 
 def network_checks(net):
-    """The run's answers to the questions it is for, each a measured ratio against its bar."""
+    """The run's answers to the questions it is for, each a measured figure against its bar, and
+    what the figure would read if the effect it checks were absent."""
     by = {(r["row"], r["rate"]): r for r in net["runs"] if r["status"] == "ok"}
     rates = [x for x in net["rates"] if x != "unshaped"] or net["rates"]
     slow = rates[0] if rates else None
     checks = []
 
-    def ratio_check(name, row, base, minimum, what):
-        t, b = by.get((row, slow)), by.get((base, slow))
+    def check(name, what, bar, absent, ok, text):
+        checks.append(dict(name=name, what=what, bar=bar, absent=absent, ok=ok, text=text))
+
+    for name, row, minimum, what in (
+        ("compression", "distributed+bf16", NET_COMPRESSION_MIN, "bf16 gradients"),
+        (
+            "accumulation",
+            f"distributed+accum{NET_ACCUM_K}",
+            NET_ACCUM_MIN,
+            "4 micro-batches a step",
+        ),
+    ):
+        t, b = by.get((row, slow)), by.get(("distributed", slow))
+        what = f"DDP with {what} over fp32 DDP, images/s at {slow}"
         if t and b:
             ratio = t["images_per_s"] / b["images_per_s"]
-            checks.append(
-                dict(
-                    name=name,
-                    what=what,
-                    bar=f">= {minimum:.1f}x",
-                    ok=ratio >= minimum,
-                    value=ratio,
-                    text=f"{t['images_per_s']:.2f} / {b['images_per_s']:.2f} img/s = {ratio:.2f}x",
-                )
-            )
+            text = f"{t['images_per_s']:.2f} / {b['images_per_s']:.2f} img/s = {ratio:.2f}x"
+            check(name, what, f">= {minimum:.1f}x", "1.0x", ratio >= minimum, text)
         else:
-            checks.append(
-                dict(
-                    name=name,
-                    what=what,
-                    bar=f">= {minimum:.1f}x",
-                    ok=None,
-                    value=None,
-                    text=f"not measured: {row if not t else base} did not run at {slow}",
-                )
-            )
-
-    ratio_check(
-        "compression",
-        "distributed+bf16",
-        "distributed",
-        NET_COMPRESSION_MIN,
-        f"DDP with bf16 gradients (--grad-compression bf16) over fp32 DDP, images/s at {slow}",
-    )
-    ratio_check(
-        "accumulation",
-        f"distributed+accum{NET_ACCUM_K}",
-        "distributed",
-        NET_ACCUM_MIN,
-        f"DDP with {NET_ACCUM_K} micro-batches a step over one, images/s at {slow}",
-    )
-    for rate in net["rates"]:
-        r = by.get(("distributed", rate))
-        what = f"DDP's step time over max(compute, communication) at {rate}: the all-reduces overlap the backward pass"
-        if r and r.get("overlap"):
-            checks.append(
-                dict(
-                    name=f"overlap {rate}",
-                    what=what,
-                    bar=f"<= {NET_OVERLAP_MAX:.2f}",
-                    ok=r["overlap"] <= NET_OVERLAP_MAX,
-                    value=r["overlap"],
-                    text=f"{r['step_s']:.3f} s / max({r['one_host_step_s']:.3f}, {r['comm_s']:.3f}) = "
-                    f"{r['overlap']:.2f}",
-                )
-            )
-        else:
-            checks.append(
-                dict(
-                    name=f"overlap {rate}",
-                    what=what,
-                    bar=f"<= {NET_OVERLAP_MAX:.2f}",
-                    ok=None,
-                    value=None,
-                    text="not measured",
-                )
-            )
-    good, per_rate = 0, []
-    for rate in net["rates"]:
-        errs = [
-            (r["row"], r["model_error_pct"])
-            for r in net["runs"]
-            if r["rate"] == rate
-            and r["backend"] == "distributed"
-            and r.get("model_error_pct") is not None
-        ]
-        if errs:
-            worst = max(abs(e) for _, e in errs)
-            good += worst <= NET_MODEL_ERR
-            per_rate.append(f"{rate}: worst {worst:.0f}% of {len(errs)}")
-    checks.append(
-        dict(
-            name="model",
-            bar=f"<= {NET_MODEL_ERR:.0f}% at >= {NET_MODEL_RATES} rates",
-            what="tools/scaling_model.py's images/s against the measured, every DDP row (fp32, compressed, "
-            "accumulated) at a rate",
-            ok=(good >= NET_MODEL_RATES) if per_rate else None,
-            value=good,
-            text=(f"{good} rate(s) within {NET_MODEL_ERR:.0f}%; " + "; ".join(per_rate))
-            if per_rate
-            else "not measured: no DDP row with a profile and a measured link",
+            text = f"not measured: {row if not t else 'distributed'} did not run at {slow}"
+            check(name, what, f">= {minimum:.1f}x", "1.0x", None, text)
+    for r in net["runs"]:
+        if r.get("hidden_pct") is None or r["comm_per_backward"] > NET_GPU_REGIME:
+            continue
+        text = (
+            f"({r['baseline_step_s']:.3f} - {r['step_s']:.3f}) / ({r['baseline_step_s']:.3f} - "
+            f"{r['one_host_step_s']:.3f}) s = {r['hidden_pct']:.0f}%"
         )
-    )
+        what = (
+            f"{r['row']} at {r['rate']} (all-reduce {r['comm_per_backward']:.2f}x the backward): "
+            "the share of the communication hidden, against its one-bucket twin"
+        )
+        ok = r["hidden_pct"] >= NET_HIDDEN_MIN
+        check(f"overlap {r['rate']}", what, f">= {NET_HIDDEN_MIN:.0f}%", "0%", ok, text)
+    for strategy, bar in NET_MODEL_ERR.items():
+        errs = [
+            (abs(r["model_error_pct"]), f"{r['row']} @ {r['rate']}")
+            for r in net["runs"]
+            if MODELED.get(r["backend"]) == strategy and r.get("model_error_pct") is not None
+        ]
+        what = f"tools/scaling_model.py's images/s against the measured, every {strategy} run"
+        if errs:
+            worst = max(errs)
+            text = f"worst {worst[0]:.0f}% ({worst[1]}) of {len(errs)}"
+            check(f"model {strategy}", what, f"<= {bar:.0f}%", "", worst[0] <= bar, text)
+        else:
+            check(f"model {strategy}", what, f"<= {bar:.0f}%", "", None, "not measured")
     return checks
 
 
@@ -1087,9 +1060,10 @@ NET_COLUMNS = [
     "predicted_images_per_s",
     "model_error_pct",
     "comm_s",
+    "comm_per_backward",
+    "baseline_step_s",
     "hidden_pct",
-    "overlap",
-    "predicted_overlap",
+    "predicted_hidden_pct",
     "wall_s",
     "note",
 ]
@@ -1103,11 +1077,7 @@ def write_network_csv(net, path):
             r = dict(r, threads_per_process=r["threads"])
             w.writerow(
                 [
-                    (
-                        f"{r.get(c):.4g}"
-                        if isinstance(r.get(c), float)
-                        else ("" if r.get(c) is None else r.get(c))
-                    )
+                    f"{r.get(c):.4g}" if isinstance(r.get(c), float) else r.get(c, "") or ""
                     for c in NET_COLUMNS
                 ]
             )
@@ -1124,27 +1094,83 @@ LAUNCHERS = {
 
 
 def net_rows(net):
-    """The rows in the order they ran, each once (the one-host runs are their references, not rows)."""
+    """The rows in the order they ran, each once (the one-host runs are references, not rows)."""
     return list(dict.fromkeys(r["row"] for r in net["runs"]))
+
+
+def network_link_lines(net):
+    lines = [
+        "## The links, as collectives see them",
+        "",
+        "tools/allreduce_bench.py across the hosts (gloo, one process per host, float32), before "
+        "the runs at that rate: nccl-tests' bus bandwidth (busbw = algbw x 2(n-1)/n for an "
+        "all-reduce), a fit time = alpha + size x 2(n-1)/n / busbw over the sizes from 256 KiB, "
+        "and the bytes each process sent (counted on its host's interface) per byte of the largest "
+        "all-reduce: a ring sends 2(n-1)/n. Where busbw stays the same as the hosts grow, the "
+        "ring's 2(n-1)/n holds.",
+        "",
+        "| link | hosts | time at 4 KiB (ms) | busbw at 16 MiB (Gbit/s) | fit alpha (ms) | "
+        "fit busbw (Gbit/s) | sent / size |",
+        "|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    fsdp = []
+    for rate in net["rates"]:
+        link = net["links"].get(rate)
+        for b in link["benches"] if link else []:
+            rows = b["ops"]["all_reduce"]["rows"]
+            fit = b["ops"]["all_reduce"]["fit"]
+            sent = rows[-1]["sent_bytes"] / rows[-1]["bytes"]
+            lines.append(
+                f"| {rate} | {b['world_size']} | {rows[0]['time_s'] * 1e3:.2f} | "
+                f"{rows[-1]['busbw_Bps'] * 8 / 1e9:.3f} | {fit['alpha_s'] * 1e3:.2f} | "
+                f"{fit['busbw_Bps'] * 8 / 1e9:.3f} | {sent:.2f} |"
+            )
+            for op in ("all_gather", "reduce_scatter"):
+                if op in b["ops"]:
+                    fit, last = b["ops"][op]["fit"], b["ops"][op]["rows"][-1]
+                    fsdp.append(
+                        f"| {rate} | {op} | {b['world_size']} | {fit['busbw_Bps'] * 8 / 1e9:.3f} | "
+                        f"{fit['alpha_s'] * 1e3:.2f} | {last['sent_bytes'] / last['bytes']:.2f} |"
+                    )
+        if not link:
+            lines.append(f"| {rate} | not measured | | | | | |")
+    lines += [
+        "",
+        "What FSDP sends besides: its all-gather (size: the gathered output) and reduce-scatter "
+        "(size: the input), busbw = algbw x (n-1)/n, which a ring sends per byte of the size. Sent "
+        "/ size above (n-1)/n means the backend sends more than a ring (gloo's reduce-scatter "
+        "sends what an all-reduce sends); NCCL's ring sends (n-1)/n.",
+        "",
+        "| link | collective | hosts | fit busbw (Gbit/s) | fit alpha (ms) | sent / size |",
+        "|---|---|--:|--:|--:|--:|",
+    ]
+    return lines + (fsdp or ["| not measured | | | | | |"])
 
 
 def write_network_md(net, checks, info, args, path):
     hosts, rates = args.hosts, net["rates"]
     runs = {(r["row"], r["rate"]): r for r in net["runs"]}
     rows = net_rows(net)
-    head = "| row | launcher | 1 host | " + " | ".join(rates) + " |"
-    rule = "|---|---|--:|" + "--:|" * len(rates)
-    cell = lambda r, key, digits=1: (
-        fmt(r.get(key), digits)
-        if r and r["status"] == "ok"
-        else ("n/r" if r and r["status"] == "skipped" else ("failed" if r else ""))
-    )
+    refs = {
+        row: net["refs"].get(next(r["ref"] for r in net["runs"] if r["row"] == row)) for row in rows
+    }
+
+    def cell(r, key, digits=1):
+        if r and r["status"] == "ok":
+            return fmt(r.get(key), digits)
+        return "" if not r else "n/r" if r["status"] == "skipped" else "failed"
+
+    def exposed(r):
+        if not r or r["status"] != "ok" or r.get("exposed_s") is None:
+            return cell(r, "exposed_s", 2)
+        return f"{r['exposed_s']:.2f}" + (f" of {r['comm_s']:.2f}" if r.get("comm_s") else "")
+
+    per_rate = " | ".join(rates) + " |"
+    rule = "--:|" * len(rates)
     lines = [
         f"# Network benchmark: {args.title}",
         "",
-        f"- command: `{args.command}` (wall time {args.wall:.0f} s)"
-        if args.wall
-        else f"- command: `{args.command}`",
+        f"- command: `{args.command}`" + (f" (wall time {args.wall:.0f} s)" if args.wall else ""),
         f"- configuration: {args.config}" if args.config else None,
         f"- machine: {info['nproc']} CPU(s) (`nproc`), {info['cpu']}; GPUs: not used",
         f"- software: torch {info['torch']}, Python {info['python']}",
@@ -1153,44 +1179,26 @@ def write_network_md(net, checks, info, args, path):
         if args.load_before
         else None,
         "",
-        "Each host is a network namespace of this machine (tools/hosts.sh), one training process in each, "
-        f"{hosts} in all; every host's eth0 is shaped with `tc tbf` to the link's rate (what it sends leaves at "
-        "that rate, so each direction of the path runs at it). The hosts share this machine's cores: one "
-        "core per process, and the kernel's network stack on the same cores.",
+        "Each host is a network namespace of this machine (tools/hosts.sh), one training process "
+        f"in each, {hosts} hosts unless the row says Mhosts; every host's eth0 is shaped with `tc "
+        "tbf` to the link's rate (what it sends leaves at that rate, so each direction of every "
+        "path runs at it). The hosts share this machine's cores, and the kernel's network stack "
+        "runs on them.",
         "",
-        "## The links, as an all-reduce sees them",
-        "",
-        "tools/allreduce_bench.py across the hosts (gloo, one process per host, float32), before the runs at "
-        "that rate: nccl-tests' bus bandwidth (busbw = algbw x 2(n-1)/n) and a fit time = alpha + "
-        "size x 2(n-1)/n / busbw over the sizes from 256 KiB.",
-        "",
-        "| link | time at 4 KiB (us) | busbw at 16 MiB (Gbit/s) | fit alpha (ms) | fit busbw (Gbit/s) |",
-        "|---|--:|--:|--:|--:|",
-    ]
-    for rate in rates:
-        link = net["links"].get(rate)
-        if link:
-            b = link["bench"]
-            lines.append(
-                f"| {rate} | {b['rows'][0]['time_s'] * 1e6:.0f} | {b['rows'][-1]['busbw_Bps'] * 8 / 1e9:.3f} | "
-                f"{b['fit']['alpha_s'] * 1e3:.2f} | {b['fit']['busbw_Bps'] * 8 / 1e9:.3f} |"
-            )
-        else:
-            lines.append(f"| {rate} | not measured | | | |")
-    lines += [
+        *network_link_lines(net),
         "",
         "## Images/s",
         "",
-        f"Training images per second, all processes together, over the epoch without its first 2 steps. "
-        f"1 host: the same row in one process with the same work per process (global batch / {hosts}).",
+        "Training images per second, all processes together, over the epoch without its first 2 "
+        "steps. 1 host: the same row in one process with the same work per process.",
         "",
-        head,
-        rule,
+        "| row | launcher | 1 host | " + per_rate,
+        "|---|---|--:|" + rule,
     ]
     for row in rows:
-        ref = net["refs"].get(next((r["ref"] for r in net["runs"] if r["row"] == row), row))
         lines.append(
-            f"| {row} | {LAUNCHERS.get(row.split('+')[0], '')} | {cell(ref, 'images_per_s', 2)} | "
+            f"| {row} | {LAUNCHERS.get(row.split('+')[0], '')} | "
+            f"{cell(refs[row], 'images_per_s', 2)} | "
             + " | ".join(cell(runs.get((row, rate)), "images_per_s", 2) for rate in rates)
             + " |"
         )
@@ -1198,113 +1206,141 @@ def write_network_md(net, checks, info, args, path):
         "",
         "## Scaling efficiency",
         "",
-        f"images/s over {hosts} x the one-host images/s of the same row (1.00: the hosts cost nothing).",
+        "images/s over the hosts x the one-host images/s of the same row (1.00: the hosts cost "
+        "nothing).",
         "",
-        "| row | " + " | ".join(rates) + " |",
-        "|---|" + "--:|" * len(rates),
+        "| row | " + per_rate,
+        "|---|" + rule,
     ]
     for row in rows:
-        lines.append(
-            f"| {row} | "
-            + " | ".join(cell(runs.get((row, rate)), "efficiency", 2) for rate in rates)
-            + " |"
-        )
+        effs = [cell(runs.get((row, rate)), "efficiency", 2) for rate in rates]
+        lines.append(f"| {row} | " + " | ".join(effs) + " |")
     lines += [
         "",
         "## Communication not hidden behind the backward pass",
         "",
-        f"Seconds per optimizer step: the step time across {hosts} hosts minus the one-host step time of the "
-        "same row (step time = images per step / images/s). Both runs do the same work per process, so the "
-        "difference is what distribution adds: the all-reduce time not overlapped with the backward pass, "
-        "plus the rest of its cost (gloo's CPU use on a shared core, waiting for the slower host). For the "
-        "DDP rows, 'of': the all-reduce time of DDP's buckets at the measured link, and the share of it "
-        "hidden behind the backward pass.",
+        "Seconds per optimizer step: the step time across the hosts minus the one-host step time "
+        "of the same row (step time = images per step / images/s). Both runs do the same work per "
+        "process, so the difference is what distribution adds: the communication not overlapped "
+        "with the backward pass, plus the rest of its cost (gloo's CPU use on a shared core, "
+        "waiting for the slower host). 'of': the communication time of the model's rows at the "
+        "measured link; what hides behind the backward pass is measured below, against the "
+        "one-bucket rows.",
         "",
-        "| row | 1 host step (s) | " + " | ".join(rates) + " |",
-        "|---|--:|" + "--:|" * len(rates),
+        "| row | 1 host step (s) | " + per_rate,
+        "|---|--:|" + rule,
     ]
     for row in rows:
-        first = next((r for r in net["runs"] if r["row"] == row), None)
-        ref = net["refs"].get(first["ref"]) if first else None
-
-        def exposed(r):
-            if not r or r["status"] != "ok" or r.get("exposed_s") is None:
-                return cell(r, "exposed_s", 2)
-            if r.get("comm_s") is None:
-                return f"{r['exposed_s']:.2f}"
-            return f"{r['exposed_s']:.2f} of {r['comm_s']:.2f} ({max(0.0, r['hidden_pct']):.0f}% hidden)"
-
         lines.append(
-            f"| {row} | {cell(ref, 'step_s', 3)} | "
+            f"| {row} | {cell(refs[row], 'step_s', 3)} | "
             + " | ".join(exposed(runs.get((row, rate))) for rate in rates)
             + " |"
         )
-    modeled = [r for r in net["runs"] if r.get("predicted_images_per_s")]
-    lines += ["", "## The model against the runs", ""]
-    if modeled:
-        prof = net["profile"]
-        ks = [r["calibration"] for r in modeled]
-        lines += [
-            f"tools/scaling_model.py with what it measured before the runs ({prof['source']}: forward "
-            f"{prof['forward_s'] * 1e3:.0f} ms, backward {prof['backward_s'] * 1e3:.0f} ms, optimizer "
-            f"{prof['optimizer_s'] * 1e3:.0f} ms; {prof['param_bytes'] / 1e6:.1f} MB of gradients in DDP buckets "
-            f"of {', '.join(format(b['bytes'] / 1e6, '.1f') for b in prof['buckets'])} MB; data "
-            f"{net['data_s'] * 1e3:.0f} ms a micro-batch), its times scaled to the one-host run's step "
-            f"of the row (by {min(ks):.2f} to {max(ks):.2f}: the profile gives the split, the run the speed "
-            "on the day), and the link measured at that rate. It overlaps each bucket's all-reduce with the "
-            "rest of the backward pass; it does not know the CPU the all-reduces and the network stack "
-            "take from the computation on the same cores.",
-            "",
-            "step / max(compute, comm): the step time over the larger of the one-host step and the "
-            "all-reduce time, measured and as the model has it. It cannot reach 1.0 where the two are "
-            "close: the forward pass cannot overlap any all-reduce, and DDP's last bucket (the first "
-            "layers' gradients) starts only when the backward pass ends.",
-            "",
-            "| row | link | measured images/s | predicted | error | step / max(compute, comm) | model's |",
-            "|---|---|--:|--:|--:|--:|--:|",
-        ]
-        for r in modeled:
-            lines.append(
-                f"| {r['row']} | {r['rate']} | {fmt(r['images_per_s'], 2)} | "
-                f"{fmt(r['predicted_images_per_s'], 2)} | {fmt(r['model_error_pct'], 0)}% | "
-                f"{fmt(r.get('overlap'), 2)} | {fmt(r.get('predicted_overlap'), 2)} |"
-            )
-    else:
-        lines.append(
-            "No prediction: no DDP row ran, or the profile or the link measurement is missing."
-        )
+    lines += ["", *network_model_lines(net)]
     lines += [
         "",
         "## Bars",
         "",
-        "| check | what | bar | measured | result |",
-        "|---|---|---|---|---|",
+        "If absent: what the figure would read without the effect it checks (no compression gain, "
+        "accumulation that sends every micro-batch, no overlap at all): a bar it cannot fail there "
+        "says nothing.",
+        "",
+        "| check | what | bar | if absent | measured | result |",
+        "|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {c['name']} | {c['what']} | {c['bar']} | {c['text']} | **{verdict(c['ok'])}** |"
+        f"| {c['name']} | {c['what']} | {c['bar']} | {c['absent']} | {c['text']} | "
+        f"**{verdict(c['ok'])}** |"
         for c in checks
     ]
-    others = [r for r in list(net["refs"].values()) + net["runs"] if r["status"] != "ok"]
+    everything = list(net["refs"].values()) + net["runs"]
+    others = [r for r in everything if r["status"] != "ok"]
     if others:
         lines += ["", "Not run or failed:", ""]
         lines += [f"- **{r['row']} @ {r['rate']}** ({r['status']}): {r['note']}" for r in others]
     lines += ["", "## Commands", ""]
     lines += [
         f"- {r['row']} @ {r['rate']}: `{r['command']}`"
-        for r in list(net["refs"].values()) + net["runs"]
+        for r in everything
         if r["status"] != "skipped"
     ]
-    if net["profile"]:
-        p = net["profile"]
-        lines += [
-            f"- profile: `.venv/bin/python tools/scaling_model.py profile -a {p['arch']} --image-size "
-            f"{p['image_size']} --batch {p['batch']} --num-classes {p['num_classes']} --threads {p['threads']}`",
-            f"- prediction: `.venv/bin/python tools/scaling_model.py predict --profile runs-network/profile.json "
-            f"--allreduce runs-network/allreduce-RATE.json --nodes {hosts} [--compression bf16] [--accum 4]"
-            + (f" --loader-ips {args.loader_ips:g}`" if net["data_s"] else "`"),
-        ]
+    for p in net["profiles"].values():
+        lines.append(
+            f"- profile: `python tools/scaling_model.py profile -a {p['arch']} --image-size "
+            f"{p['image_size']} --batch {p['batch']} --num-classes {p['num_classes']} --threads "
+            f"{p['threads']} --out {as_typed(p['path'])}`"
+        )
+    lines += [
+        f"- prediction, {r['row']} @ {r['rate']}: `{r['predict_command']}`"
+        for r in net["runs"]
+        if r.get("predict_command")
+    ]
     with open(path, "w") as f:
-        f.write("\n".join(l for l in lines if l is not None) + "\n")
+        f.write("\n".join(line for line in lines if line is not None) + "\n")
+
+
+def network_model_lines(net):
+    modeled = [r for r in net["runs"] if r.get("predicted_images_per_s")]
+    if not modeled:
+        return [
+            "## The model against the runs",
+            "",
+            "No prediction: no modeled row ran, or the profile or the link measurement is missing.",
+        ]
+    ks = [r["calibration"] for r in modeled]
+    profiles = "; ".join(
+        f"{p['source']}: forward {p['forward_s'] * 1e3:.0f} ms, backward "
+        f"{p['backward_s'] * 1e3:.0f} ms, optimizer {p['optimizer_s'] * 1e3:.0f} ms, "
+        f"{p['param_bytes'] / 1e6:.1f} MB of gradients in DDP buckets of "
+        f"{', '.join(format(b['bytes'] / 1e6, '.1f') for b in p['buckets'])} MB"
+        for p in net["profiles"].values()
+    )
+    lines = [
+        "## The model against the runs",
+        "",
+        f"tools/scaling_model.py with what it measured before the runs ({profiles}), its times "
+        f"scaled to the one-host run's step of the row (by {min(ks):.2f} to {max(ks):.2f}: the "
+        "profile gives the split, the run the speed on the day; x hosts / cores where the hosts' "
+        "processes outnumber the cores), and the link measured at that rate: its bus bandwidth "
+        "at the fewest hosts, its latency growing with the hosts as measured from 2 to the most. "
+        "For the DDP rows it overlaps each bucket's all-reduce with the rest of the backward "
+        "pass; for FSDP it adds the all-gathers and reduce-scatters, which FSDP2 waits for on "
+        "CPU. It does not know the CPU the collectives and the network stack take from the "
+        "computation on the same cores. The regime of each run: its communication (as the model "
+        "has it at the measured link) over the one-host step (compute) and over the backward "
+        "pass.",
+        "",
+        "| row | link | hosts | measured images/s | predicted | error | comm / compute | "
+        "comm / backward |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in modeled:
+        lines.append(
+            f"| {r['row']} | {r['rate']} | {r['hosts']} | {fmt(r['images_per_s'], 2)} | "
+            f"{fmt(r['predicted_images_per_s'], 2)} | {fmt(r['model_error_pct'], 0)}% | "
+            f"{r['comm_per_compute']:.2f} | {r['comm_per_backward']:.2f} |"
+        )
+    pairs = [r for r in net["runs"] if r.get("hidden_pct") is not None]
+    lines += [
+        "",
+        "## Overlap: the communication the backward pass hides",
+        "",
+        "A row beside its one-bucket twin (the same row with DDP's gradients in one bucket, whose "
+        "all-reduce starts only when the backward pass ends): hidden = (twin's step - row's step) "
+        "/ (twin's step - one-host step), the share of the twin's communication the row hides. "
+        "With no overlap at all it reads 0%.",
+        "",
+        "| row | link | comm / backward | 1 host step (s) | one bucket step (s) | step (s) | "
+        "hidden | model's |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
+    ]
+    lines += [
+        f"| {r['row']} | {r['rate']} | {fmt(r.get('comm_per_backward'), 2)} | "
+        f"{r['one_host_step_s']:.3f} | {r['baseline_step_s']:.3f} | {r['step_s']:.3f} | "
+        f"{r['hidden_pct']:.0f}% | {fmt(r['predicted_hidden_pct'], 0)}% |"
+        for r in pairs
+    ] or ["| no row ran beside its one-bucket twin | | | | | | | |"]
+    return lines
 
 
 def write_network_png(net, checks, info, args, path):
@@ -1338,14 +1374,18 @@ def write_network_png(net, checks, info, args, path):
         d.text((20, 72), args.config[:200], fill="#444", font=f_small)
     d.text(
         (20, 96),
-        "images/s per row and link (grey: the one-host run x hosts, the ideal; black tick: the model)",
+        "images/s per row and link (grey: the one-host run x hosts, the ideal; black tick: the "
+        "model)",
         fill="black",
         font=f_bold,
     )
     values = [r["images_per_s"] for r in net["runs"] if r.get("images_per_s")]
-    values += [
-        args.hosts * r["images_per_s"] for r in net["refs"].values() if r.get("images_per_s")
-    ]
+    ideal = {  # per row: its hosts x its one-host run
+        r["row"]: r["hosts"] * r["one_host_images_per_s"]
+        for r in net["runs"]
+        if r.get("one_host_images_per_s")
+    }
+    values += list(ideal.values())
     values += [r["predicted_images_per_s"] for r in net["runs"] if r.get("predicted_images_per_s")]
     vmax = max(values) if values else 1
     step = nice_step(vmax / 5)
@@ -1358,24 +1398,20 @@ def write_network_png(net, checks, info, args, path):
     for i, row in enumerate(rows):
         y = top + i * group_h
         d.text((20, y + 2), row, fill="black", font=f_txt)
-        first = next((r for r in net["runs"] if r["row"] == row), None)
-        ref = net["refs"].get(first["ref"]) if first else None
-        if ref and ref.get("images_per_s"):
-            w = int(args.hosts * ref["images_per_s"] / vmax * chart_w)
+        if row in ideal:
+            w = int(ideal[row] / vmax * chart_w)
+            hosts = next(r["hosts"] for r in net["runs"] if r["row"] == row)
             d.rectangle([x0, y, x0 + w, y + bar_h - 3], fill="#dddddd")
-            d.text(
-                (x0 + w + 6, y),
-                f"{args.hosts} x 1 host {args.hosts * ref['images_per_s']:.1f}",
-                fill="#888",
-                font=f_small,
-            )
+            text = f"{hosts} x 1 host {ideal[row]:.1f}"
+            d.text((x0 + w + 6, y), text, fill="#888", font=f_small)
         for j, rate in enumerate(rates):
             r = runs.get((row, rate))
             yy = y + (j + 1) * bar_h
             if not r or not r.get("images_per_s"):
+                why = "not run" if r and r["status"] == "skipped" else "failed" if r else "-"
                 d.text(
                     (x0 + 4, yy),
-                    f"{rate}: {'not run' if r and r['status'] == 'skipped' else 'failed' if r else '-'}",
+                    f"{rate}: {why}",
                     fill="#999",
                     font=f_small,
                 )
@@ -1404,9 +1440,17 @@ def network_report(args):
         sys.exit(f"{sys.argv[0]}: no runs in {net_dir}")
     if not args.hosts or not args.batch:
         sys.exit(f"{sys.argv[0]}: --network needs --hosts and --batch (the runs' global batch)")
-    net = summarise_network(args.results, args.hosts, args.batch, args.loader_ips, args.workers)
-    checks = network_checks(net)
     info = machine_info()
+    net = summarise_network(
+        args.results,
+        args.hosts,
+        args.batch,
+        args.image_size,
+        info["nproc"],
+        args.loader_ips,
+        args.workers,
+    )
+    checks = network_checks(net)
     base = os.path.join(args.results, "benchmark-network")
     write_network_csv(net, base + ".csv")
     write_network_md(net, checks, info, args, base + ".md")

@@ -45,9 +45,7 @@ GATEWAY=$NET.254
 STATE=/run/test-hosts        # UTS namespace files, one per host, of every prefix
 IP=$(command -v ip || echo /usr/sbin/ip)
 
-usage() {
-    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2
-}
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2; }
 
 log() { echo "$PROG: $*" >&2; }
 die() { echo "$PROG: error: $*" >&2; exit 1; }
@@ -168,9 +166,7 @@ cmd_up() {
 cmd_down() {
     need_root
     local name
-    for name in $(existing_hosts); do
-        remove_host "$name"
-    done
+    for name in $(existing_hosts); do remove_host "$name"; done
     "$IP" link del "$BRIDGE" 2>/dev/null || true
     set_etc_hosts ""
     rmdir "$STATE" 2>/dev/null || true
@@ -179,8 +175,7 @@ cmd_down() {
 
 cmd_status() {
     need_root
-    local name ok=0 addr uts rate
-    local names
+    local name ok=0 addr uts rate names
     names=$(existing_hosts)
     if [[ -z $names ]]; then
         echo "no hosts (tools/hosts.sh up N makes them)"

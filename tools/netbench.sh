@@ -1,18 +1,11 @@
 # netbench.sh: the network benchmark of start.sh (bash start.sh --hosts N --link RATES), sourced by
-# start.sh after its configuration; not a command of its own.
-#
-# Every benchmark on one machine runs over loopback (gigabytes per second, nothing to wait for), where
-# the backends look alike; across nodes the link decides. So here each process runs in a test host of
-# tools/hosts.sh (a network namespace, own address and hostname), one process per host, and every
-# host's eth0 is shaped with tc to the rate under test (hosts.sh shape RATE: what a host sends leaves at
-# RATE, so each direction of every path runs at RATE). Per rate, tools/allreduce_bench.py first measures
-# the link as the training sees it (gloo all-reduce: latency and bus bandwidth); then every row runs:
-# a backend (torchrun DDP, mp.spawn, horovodrun over ssh, srun on a two-node Slurm cluster, the mixed
-# precision script, FSDP) plus, optionally, extra script arguments (distributed+bf16: gradient
-# compression; distributed+accum4: 4 micro-batches per step). Each row also runs once in one process
-# (one host), with the same work per process, for the scaling efficiency and the communication time
-# not hidden behind the backward pass. tools/scaling_model.py measures one process's compute first,
-# and tools/benchmark_report.py --network compares its predictions with the runs.
+# start.sh after its configuration. On one machine every backend talks over loopback, where they look
+# alike; here each process runs in a test host of tools/hosts.sh (a network namespace), whose eth0 is
+# shaped with tc to the rate under test. Per rate, tools/allreduce_bench.py measures the link first
+# (the all-reduce at 2 to the most hosts a row uses; FSDP's collectives at N); then every row runs
+# (parse_row), and once in one process (one host) with the same work per process.
+# tools/scaling_model.py profiles one process's compute first, and tools/benchmark_report.py
+# --network sets its predictions beside the runs.
 #
 # Uses from start.sh: PROG ROOT PYTHON TORCHRUN RESULTS ARCH IMAGE_SIZE BATCH WORKERS PRINT_FREQ CORES
 # CMDLINE FAILED IS_TTY, die, progress_text, and NHOSTS LINKS ROWS STEPS set by its options.
@@ -25,20 +18,23 @@ ALLREDUCE_MAX=${ALLREDUCE_MAX:-16M}  # the largest all-reduce timed per link: en
 BACKENDS_NET="distributed apex fsdp multiprocessing horovod slurm"
 
 hosts_sh() { HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET bash "$ROOT/tools/hosts.sh" "$@"; }
+shape() { hosts_sh shape "${1/#unshaped/off}" >/dev/null 2>&1 || die "could not shape the hosts' links to $1"; }
 host() { echo "$NET_PREFIX$1"; }
 
 # ---- rows: BACKEND[+TAG...] ----
-# TAG: bf16 or fp16 (--grad-compression TAG), accumK (--gradient-accumulation-steps K with the global batch
-# K x BATCH, so that each process's micro-batch stays BATCH / hosts and only the communication per image
-# changes), or any option of the script, written as one word (+--amp=bf16).
-# Sets R_BACKEND, R_SCRIPT, R_K, R_ARGS (array).
+# TAG: bf16 or fp16 (--grad-compression TAG); accumK (--gradient-accumulation-steps K, global batch x K,
+# so that each process's micro-batch stays the same and only the communication per image changes);
+# SIZEpx (--image-size SIZE: more compute per step); Mhosts (across M hosts instead of N, one process
+# each, the same micro-batch per process); onebucket (DDP's gradients in one bucket, all-reduced after
+# the backward pass: the row's no-overlap baseline); or a script option as one word (+--amp=bf16).
+# Sets R_BACKEND, R_SCRIPT, R_K, R_SIZE, R_HOSTS, R_WRAP and R_ARGS (arrays).
 parse_row() {
     local row=$1 tag
     local -a parts
     IFS=+ read -r -a parts <<<"$row"
     R_BACKEND=${parts[0]:-}
-    R_K=1
-    R_ARGS=()
+    R_K=1 R_SIZE=$IMAGE_SIZE R_HOSTS=$NHOSTS
+    R_ARGS=() R_WRAP=()
     case $R_BACKEND in
         distributed) R_SCRIPT=distributed.py ;;
         apex) R_SCRIPT=apex_distributed.py ;;
@@ -55,10 +51,33 @@ parse_row() {
                 R_K=${tag#accum}
                 [[ $R_K =~ ^[1-9][0-9]*$ ]] || die "row '$row': '$tag' is not accumK with K a whole number >= 1"
                 R_ARGS+=(--gradient-accumulation-steps "$R_K") ;;
+            [1-9]*px) R_SIZE=${tag%px} ;;
+            [1-9]*hosts)
+                R_HOSTS=${tag%hosts}
+                [[ $R_HOSTS =~ ^[0-9]+$ ]] && ((R_HOSTS >= 2 && R_HOSTS <= 16)) || die "row '$row': '$tag' wants 2 to 16 hosts"
+                [[ $R_BACKEND != horovod && $R_BACKEND != slurm ]] || die "row '$row': $R_BACKEND runs across --hosts N only" ;;
+            onebucket)
+                [[ $R_BACKEND == distributed || $R_BACKEND == apex ]] || die "row '$row': onebucket is for torchrun's DDP rows"
+                R_WRAP=(tools/scaling_model.py one-bucket) ;;
             -*) R_ARGS+=("$tag") ;;
-            *) die "row '$row': unknown tag '$tag' (bf16, fp16, accumK, or a script option such as +--amp=bf16)" ;;
+            *) die "row '$row': unknown tag '$tag' (bf16, fp16, accumK, SIZEpx, Mhosts, onebucket, or a script option such as +--amp=bf16)" ;;
         esac
     done
+    [[ $R_SIZE =~ ^[0-9]+$ ]] || die "row '$row': '${R_SIZE}px' is not SIZEpx"
+}
+
+# The one-process run a row is compared with: the same script and tags but those of the hosts (Mhosts,
+# onebucket), except that the launchers that all run distributed.py's DDP step (mp.spawn, horovodrun,
+# srun, and FSDP, which in one process shards nothing) share distributed.py's.
+ref_of() {
+    local backend=${1%%+*} tag ref
+    local -a parts
+    IFS=+ read -r -a parts <<<"$1"
+    [[ $backend == apex ]] && ref=apex || ref=distributed
+    for tag in "${parts[@]:1}"; do
+        [[ $tag == onebucket || $tag == *hosts ]] || ref+=+$tag
+    done
+    echo "$ref"
 }
 
 # The options of R_ARGS that R_SCRIPT does not have (its --help, read once per script), or nothing.
@@ -67,7 +86,6 @@ missing_options() {
     local script=$1 word opt missing=""
     shift
     (($#)) || return 0  # no options to look for: no need to start the script
-    [[ -n $HELP_DIR ]] || HELP_DIR=$(mktemp -d)
     if [[ ! -e $HELP_DIR/$script ]]; then  # its options, one a line
         "$PYTHON" "$ROOT/$script" --help 2>&1 | grep -oE -- '--?[A-Za-z0-9][A-Za-z0-9_-]*' >"$HELP_DIR/$script" || true
     fi
@@ -97,7 +115,7 @@ kill_run() {  # everything still running of the current run: what we started, an
     local tag=$NET_TAG pid h
     [[ -n $tag ]] || return 0
     for pid in "${NET_PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true; done
-    for ((h = 0; h < NHOSTS; h++)); do  # torchrun's workers run in sessions of their own: find them by tag
+    for ((h = 0; h < NET_HOSTS_UP; h++)); do  # torchrun's workers run in sessions of their own: by tag
         for pid in $(ip netns pids "$(host "$h")" 2>/dev/null); do
             grep -qaF -- "$tag" "/proc/$pid/cmdline" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
         done
@@ -181,29 +199,36 @@ net_skip() {  # row rate reason
 }
 
 # ---- the rows' launchers across the hosts ----
-# Each prints nothing and runs one row at one rate through run_hosts. Arguments: name rate ref dir args...
-launch_torchrun() {  # distributed, apex, fsdp: torchrun on every host, static rendezvous at host 0 by name
-    local name=$1 rate=$2 ref=$3 dir=$4 script=$5 h port=$((NET_PORT++))
-    shift 5
-    local -a all=()
-    for ((h = 0; h < NHOSTS; h++)); do
-        ((h > 0)) && all+=(--)
-        all+=("$TORCHRUN" --nnodes="$NHOSTS" --nproc_per_node=1 --node-rank="$h" --master-addr="$(host 0)"
-              --master-port="$port" "$script" "$@" --output-dir "$dir")
+# Each runs one row at one rate through run_hosts, across R_HOSTS hosts. Arguments: name rate ref dir
+# script args...
+torchrun_all() {  # hosts port command...: torchrun on every host, static rendezvous at host 0 by name
+    local n=$1 port=$2 h
+    shift 2
+    ALL=()
+    for ((h = 0; h < n; h++)); do
+        ((h > 0)) && ALL+=(--)
+        ALL+=("$TORCHRUN" --nnodes="$n" --nproc_per_node=1 --node-rank="$h" --master-addr="$(host 0)"
+              --master-port="$port" "$@")
     done
-    run_hosts "$name" "$rate" "$ref" "$NHOSTS" "$THREADS" "$dir" - -- "${all[@]}"
+}
+
+launch_torchrun() {  # distributed, apex, fsdp
+    local name=$1 rate=$2 ref=$3 dir=$4 script=$5
+    shift 5
+    torchrun_all "$R_HOSTS" $((NET_PORT++)) "${R_WRAP[@]}" "$script" "$@" --output-dir "$dir"
+    run_hosts "$name" "$rate" "$ref" "$R_HOSTS" "$THREADS" "$dir" - -- "${ALL[@]}"
 }
 
 launch_spawn() {  # multiprocessing: the script on every host, node rank --rank, rendezvous at host 0
     local name=$1 rate=$2 ref=$3 dir=$4 script=$5 h port=$((NET_PORT++))
     shift 5
     local -a all=()
-    for ((h = 0; h < NHOSTS; h++)); do
+    for ((h = 0; h < R_HOSTS; h++)); do
         ((h > 0)) && all+=(--)
-        all+=("$PYTHON" "$script" --world-size "$NHOSTS" --rank "$h" --nprocs 1 --dist-url "tcp://$(host 0):$port"
+        all+=("$PYTHON" "$script" --world-size "$R_HOSTS" --rank "$h" --nprocs 1 --dist-url "tcp://$(host 0):$port"
               "$@" --output-dir "$dir")
     done
-    run_hosts "$name" "$rate" "$ref" "$NHOSTS" "$THREADS" "$dir" - -- "${all[@]}"
+    run_hosts "$name" "$rate" "$ref" "$R_HOSTS" "$THREADS" "$dir" - -- "${all[@]}"
 }
 
 launch_horovod() {  # horovodrun on host 0, which starts the other hosts' ranks through ssh
@@ -307,13 +332,18 @@ net_on_signal() {
 }
 
 network_benchmark() {
-    local row rate
-    for row in ${ROWS//,/ }; do parse_row "$row"; done  # bad rows fail here, before anything starts
+    local row rate n most=$NHOSTS fsdp=0
+    for row in ${ROWS//,/ }; do  # bad rows fail here, before anything starts
+        parse_row "$row"
+        ((R_HOSTS > most)) && most=$R_HOSTS
+        [[ $R_BACKEND == fsdp ]] && fsdp=1
+    done
     ((BATCH % NHOSTS == 0)) || die "the global batch $BATCH does not split over $NHOSTS hosts (-b)"
     [[ $EUID -eq 0 ]] || die "--hosts needs root: the test hosts are network namespaces (tools/hosts.sh)"
     command -v tc >/dev/null || die "--hosts needs tc (apt-get install iproute2)"
     LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
     THREADS=$(((CORES / NHOSTS) > 0 ? CORES / NHOSTS : 1))
+    local micro=$((BATCH / NHOSTS))  # images per process and micro-batch, in every row
 
     RUNS=$RESULTS/runs-network
     rm -rf -- "$RUNS"
@@ -322,20 +352,20 @@ network_benchmark() {
     : >"$MANIFEST"
     trap net_on_signal INT TERM
     trap net_cleanup EXIT
+    HELP_DIR=$(mktemp -d)  # made here: missing_options runs in subshells
 
     hosts_sh status >/dev/null 2>&1 || NET_MADE_HOSTS=1
-    hosts_sh up "$NHOSTS" 2>&1 | sed "s/^/$PROG: /"
+    hosts_sh up "$most" 2>&1 | sed "s/^/$PROG: /"
     ((PIPESTATUS[0] == 0)) || die "could not make the test hosts (HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET)"
-    NET_UP=1
+    NET_UP=1 NET_HOSTS_UP=$most
 
-    local data
+    local data classes
     data=$(net_data "$BATCH")
     LOADER_IPS=$("$PYTHON" -W ignore tools/loader_bench.py --data "$data" --paths tv --quick --images 200 --rounds 1 \
                  --image-size "$IMAGE_SIZE" 2>/dev/null) || LOADER_IPS=""
     [[ $LOADER_IPS =~ ^[0-9]+$ ]] || LOADER_IPS=""
-    local classes
     classes=$(find "$data/train" -mindepth 1 -maxdepth 1 -type d | wc -l)
-    CONFIG="$ARCH, ${IMAGE_SIZE}px, global batch $BATCH ($((BATCH / NHOSTS)) per process), $STEPS steps, $data, $NHOSTS hosts x 1 process x $THREADS thread(s), -j $WORKERS, gloo; links: ${LINKS//,/, }"
+    CONFIG="$ARCH, ${IMAGE_SIZE}px, global batch $BATCH ($micro per process), $STEPS steps, $data, $NHOSTS hosts x 1 process x $THREADS thread(s), -j $WORKERS, gloo; links: ${LINKS//,/, }"
     echo "$PROG: $CONFIG"
     echo "$PROG: load average before: $LOAD_BEFORE; logs in $RUNS/"
     if awk -v l="${LOAD_BEFORE%% *}" -v c="$CORES" 'BEGIN { exit !(l > c / 2) }'; then
@@ -343,88 +373,66 @@ network_benchmark() {
     fi
     T0=$SECONDS
 
-    # 1. one process's compute, for the model
-    "$PYTHON" tools/scaling_model.py profile -a "$ARCH" --image-size "$IMAGE_SIZE" --batch $((BATCH / NHOSTS)) \
-        --num-classes "$classes" --threads "$THREADS" --out "$RUNS/profile.json" 2>&1 | sed "s/^/$PROG: /"
+    # 1. one process's compute, for the model, at each image size of the rows
+    local -A profiled=()
+    for row in ${ROWS//,/ }; do
+        parse_row "$row"
+        [[ -n ${profiled[$R_SIZE]:-} ]] && continue
+        profiled[$R_SIZE]=1
+        "$PYTHON" tools/scaling_model.py profile -a "$ARCH" --image-size "$R_SIZE" --batch "$micro" \
+            --num-classes "$classes" --threads "$THREADS" --out "$RUNS/profile-$R_SIZE.json" 2>&1 | sed "s/^/$PROG: /"
+    done
 
-    # 2. the link at each rate, as an all-reduce sees it
-    local h port
+    # 2. the link at each rate, as collectives see it: across 2 to the most hosts; FSDP's at N hosts
+    local ops
     for rate in ${LINKS//,/ }; do
-        hosts_sh shape "$([[ $rate == unshaped ]] && echo off || echo "$rate")" >/dev/null 2>&1 ||
-            die "could not shape the hosts' links to $rate"
-        port=$((NET_PORT++))
-        local -a all=()
-        for ((h = 0; h < NHOSTS; h++)); do
-            ((h > 0)) && all+=(--)
-            all+=("$TORCHRUN" --nnodes="$NHOSTS" --nproc_per_node=1 --node-rank="$h" --master-addr="$(host 0)"
-                  --master-port="$port" tools/allreduce_bench.py -b 4K -e "$ALLREDUCE_MAX" -f 4 --threads "$THREADS"
-                  --json "$RUNS/allreduce-$rate.json")
+        shape "$rate"
+        for ((n = 2; n <= most; n++)); do
+            ops=all_reduce
+            ((n == NHOSTS && fsdp)) && ops=all_reduce,all_gather,reduce_scatter
+            local json=$RUNS/allreduce-$rate-n$n.json
+            torchrun_all "$n" $((NET_PORT++)) tools/allreduce_bench.py -b 4K -e "$ALLREDUCE_MAX" -f 4 \
+                --op "$ops" --threads "$THREADS" --json "$json"
+            run_hosts allreduce "$rate" - "$n" "$THREADS" "${json%.json}" "$json" -- "${ALL[@]}"
+            [[ -f $json ]] && echo "$PROG: link at $rate, $n hosts: $(grep -m1 '^# all_reduce: fit' "${json%.json}/host0.log" | sed 's/^# all_reduce: //')"
         done
-        run_hosts allreduce "$rate" - "$NHOSTS" "$THREADS" "$RUNS/allreduce-$rate" "$RUNS/allreduce-$rate.json" -- "${all[@]}"
-        [[ -f $RUNS/allreduce-$rate.json ]] &&
-            echo "$PROG: link at $rate: $(grep -E '^# fit' "$RUNS/allreduce-$rate/host0.log" | sed 's/^# //')"
     done
 
     # 3. each row alone in one process (one host): the work per process of the runs across hosts
     local -A ref_done=()
-    local ref
+    local ref missing gb
     for row in ${ROWS//,/ }; do
-        parse_row "$row"
         ref=$(ref_of "$row")
         [[ -n ${ref_done[$ref]:-} ]] && continue
         ref_done[$ref]=1
         parse_row "$ref"
-        local missing
         missing=$(missing_options "$R_SCRIPT" "${R_ARGS[@]}")
         if [[ -n $missing ]]; then
             net_skip "$ref" "1 host" "$R_SCRIPT has no $missing (yet)"
             continue
         fi
-        local gb=$((BATCH / NHOSTS * R_K))
+        gb=$((micro * R_K))
         PROGRESS_BATCH=$gb
         # plain python: the script makes a world of one itself, and no launcher shares the host's core
         run_hosts "$ref" "1 host" - 1 "$THREADS" "$RUNS/1host/$ref" - -- "$PYTHON" \
             "$R_SCRIPT" --data "$(net_data "$gb")" -a "$ARCH" -b "$gb" --epochs 1 -j "$WORKERS" \
-            --image-size "$IMAGE_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" "${R_ARGS[@]}" --output-dir "$RUNS/1host/$ref"
+            --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" "${R_ARGS[@]}" --output-dir "$RUNS/1host/$ref"
     done
 
-    # 4. every row at every rate, row by row (a backend's set-up, sshd or the two-node cluster, is made once)
+    # 4. every row at every rate, row by row (a backend's set-up, sshd or the Slurm cluster, is made once)
     for row in ${ROWS//,/ }; do
         parse_row "$row"
-        local missing why=""
-        missing=$(missing_options "$R_SCRIPT" "${R_ARGS[@]}")
-        [[ -n $missing ]] && why="$R_SCRIPT has no $missing (yet)"
-        if [[ -z $why && $R_BACKEND == horovod ]]; then
-            HVDRUN=$(dirname "$PYTHON")/horovodrun
-            [[ -x $HVDRUN ]] || HVDRUN=$(command -v horovodrun || true)
-            if ! "$PYTHON" -c 'import horovod.torch' >/dev/null 2>&1; then
-                why="horovod: not installed — PYTHON=$PYTHON bash tools/install-horovod.sh"
-            elif [[ -z $HVDRUN ]]; then
-                why="horovod: horovod.torch imports but horovodrun is not on PATH"
-            else
-                if ! horovod_setup >"$RUNS/horovod-setup.log" 2>&1; then  # here, not in a subshell: it sets SSH_DIR
-                    why="horovod: could not start sshd in the hosts: $(tail -n 1 "$RUNS/horovod-setup.log")"
-                    horovod_teardown
-                fi
-            fi
-        fi
-        if [[ -z $why && $R_BACKEND == slurm ]]; then
-            if ! slurm_setup >"$RUNS/slurm-setup.log" 2>&1; then  # here: the lock it takes must outlive it
-                why="slurm: $(tail -n 1 "$RUNS/slurm-setup.log")"
-                slurm_teardown
-            fi
-        fi
-        local gb=$((BATCH * R_K))
+        row_setup
+        gb=$((micro * R_HOSTS * R_K))
         PROGRESS_BATCH=$gb
         for rate in ${LINKS//,/ }; do
-            if [[ -n $why ]]; then
-                net_skip "$row" "$rate" "$why"
+            if [[ -n $WHY ]]; then
+                net_skip "$row" "$rate" "$WHY"
                 continue
             fi
-            hosts_sh shape "$([[ $rate == unshaped ]] && echo off || echo "$rate")" >/dev/null 2>&1 ||
-                die "could not shape the hosts' links to $rate"
+            shape "$rate"
             local -a args=(--data "$(net_data "$gb")" -a "$ARCH" -b "$gb" --epochs 1 -j "$WORKERS"
-                           --image-size "$IMAGE_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" --dist-timeout 300 "${R_ARGS[@]}")
+                           --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" --dist-timeout 300 "${R_ARGS[@]}")
             local dir=$RUNS/$rate/$row
             case $R_BACKEND in
                 distributed | apex | fsdp) launch_torchrun "$row" "$rate" "$(ref_of "$row")" "$dir" "$R_SCRIPT" "${args[@]}" ;;
@@ -450,14 +458,24 @@ network_benchmark() {
     exit "$FAILED"
 }
 
-# The one-process run a row is compared with: the same script and extra arguments, except that the
-# launchers that all run distributed.py's DDP step (mp.spawn, horovodrun, srun, and FSDP, which in one
-# process shards nothing) share distributed.py's.
-ref_of() {
-    local row=$1 backend=${1%%+*} rest=""
-    [[ $row == *+* ]] && rest=+${row#*+}
-    case $backend in
-        apex) echo "apex$rest" ;;
-        *) echo "distributed$rest" ;;
-    esac
+# WHY: why the row of R_* cannot run, or nothing once its backend is set up (sshd in the hosts for
+# Horovod, the Slurm cluster on them). Not to be called in a subshell: it sets SSH_DIR, takes a lock.
+row_setup() {
+    WHY=$(missing_options "$R_SCRIPT" "${R_ARGS[@]}")
+    [[ -n $WHY ]] && WHY="$R_SCRIPT has no $WHY (yet)"
+    if [[ -z $WHY && $R_BACKEND == horovod ]]; then
+        HVDRUN=$(dirname "$PYTHON")/horovodrun
+        [[ -x $HVDRUN ]] || HVDRUN=$(command -v horovodrun || true)
+        if ! "$PYTHON" -c 'import horovod.torch' >/dev/null 2>&1; then
+            WHY="horovod: not installed — PYTHON=$PYTHON bash tools/install-horovod.sh"
+        elif [[ -z $HVDRUN ]]; then
+            WHY="horovod: horovod.torch imports but horovodrun is not on PATH"
+        elif ! horovod_setup >"$RUNS/horovod-setup.log" 2>&1; then
+            WHY="horovod: could not start sshd in the hosts: $(tail -n 1 "$RUNS/horovod-setup.log")"
+            horovod_teardown
+        fi
+    elif [[ -z $WHY && $R_BACKEND == slurm ]] && ! slurm_setup >"$RUNS/slurm-setup.log" 2>&1; then
+        WHY="slurm: $(tail -n 1 "$RUNS/slurm-setup.log")"
+        slurm_teardown
+    fi
 }
