@@ -56,7 +56,6 @@ import tempfile
 import time
 
 import pytest
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -198,6 +197,8 @@ def metrics(out_dir):
 
 
 def params(out_dir, name="checkpoint.pth.tar"):
+    import torch  # here, not at the top: conftest.py imports this module into every pytest process
+
     return torch.load(os.path.join(out_dir, name), map_location="cpu", weights_only=True)["model"]
 
 
