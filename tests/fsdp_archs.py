@@ -5,15 +5,15 @@ processes (gloo on CPU).
     torchrun --standalone --nproc_per_node=2 tests/fsdp_archs.py OUT_DIR ARCH[:AMP,...] ...
 
 For each model and precision (AMP: off, bf16; both by default), every process builds the model as
-the script does (channels_last with bf16), distribute() shards it, and one SGD step trains it on
-fixed random images, each process its share of the global batch; full_state() then gathers the
-checkpoint onto rank 0, which loads it into an unsharded copy, strictly, as distributed.py
---resume does. In fp32 rank 0 first trains that copy on the same shares, as one distributed.py
-process would (BatchNorm normalizing each share apart), and compares weights and gradients (the
-momentum after one step) with the checkpoint's. Weight decay is 0, so a weight moves only by its
-gradient; dropout and stochastic depth are 0, since each process draws its own masks. Rank 0
-writes OUT_DIR/ARCH-AMP.pt with what the test checks. Last, no_sync() is checked: a backward that
-raises inside it leaves gradient sync on (OUT_DIR/no_sync-off.pt).
+the script does (once, each precision starting from a copy; channels_last with bf16), distribute()
+shards it, and one SGD step trains it on fixed random images, each process its share of the global
+batch; full_state() then gathers the checkpoint onto rank 0, which loads it into an unsharded copy,
+strictly, as distributed.py --resume does. In fp32 rank 0 first trains that copy on the same shares,
+as one distributed.py process would (BatchNorm normalizing each share apart), and compares weights
+and gradients (the momentum after one step) with the checkpoint's. Weight decay is 0, so a weight
+moves only by its gradient; dropout and stochastic depth are 0, since each process draws its own
+masks. Rank 0 writes OUT_DIR/ARCH-AMP.pt with what the test checks. Last, no_sync() is checked: a
+backward that raises inside it leaves gradient sync on (OUT_DIR/no_sync-off.pt).
 """
 
 import contextlib
@@ -110,19 +110,21 @@ def main(out_dir, specs):
     try:
         for spec in specs:
             arch, _, amps = spec.partition(":")
+            torch.manual_seed(0)
+            built = build(arch)  # each precision starts from these weights (vgg's take seconds)
             for args.amp in amps.split(",") if amps else ("off", "bf16"):
-                run(script, args, arch, device, rank, world, out_dir)
+                run(script, args, arch, copy.deepcopy(built), device, rank, world, out_dir)
         args.amp = "off"
         no_sync_after_a_failed_backward(script, args, device, rank, world, out_dir)
     finally:
         script.shutdown()
 
 
-def run(script, args, arch, device, rank, world, out_dir):
+def run(script, args, arch, model, device, rank, world, out_dir):
     start, start_cpu = time.perf_counter(), time.process_time()
     args.arch, args.channels_last = arch, args.amp != "off"
     torch.manual_seed(0)
-    model = build(arch).to(
+    model = model.to(
         device, memory_format=torch.channels_last if args.channels_last else torch.contiguous_format
     )
     optimizer = script.build_optimizer(model, args, device)

@@ -6,7 +6,7 @@ checkpoints are real while the suite stays fast. A test file imports what it nee
 (`from helpers import TINY, run, script`); fixtures (tiny_data, reference, slurm_cluster) and the
 hooks that schedule the tests are in conftest.py.
 
-The suite runs in parallel: tools/test.sh starts pytest with 4 pytest-xdist workers and
+The suite runs in parallel: tools/test.sh starts pytest with 3 pytest-xdist workers and
 `--dist loadgroup`, which hands out the tests one by one, except that tests with the same
 xdist_group mark go to one worker, one after another. What a new test uses so that it stays
 correct, and fast, in parallel:
@@ -34,6 +34,8 @@ correct, and fast, in parallel:
   that reason, and one line at the end of the run says how to run them; with CI=true it fails.
 - A missing backend (Horovod, a Slurm cluster) fails its tests through missing_backend(), or skips
   them with ALLOW_MISSING_BACKENDS=1, which CI=true ignores: in CI every backend's tests run.
+- Compiled runs. env() gives every process a test starts an Inductor cache of its own: a kernel
+  compiled under one CPU setting crashes a run under another.
 - Slow tests: list them in conftest.SLOW_FIRST, so that they start first instead of ending the run
   alone.
 """
@@ -50,10 +52,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -82,6 +84,9 @@ TINY = ["--image-size", "16", "-j", "0", "-b", "12", "--epochs", "1", "-p", "100
 # summed instead of averaged, one shard dropped) moves parameters by ~lr * |grad| >= 1e-4.
 EXACT = ["--norm", "group", "--no-augment", "--seed", "3", "--fp64"]
 PARAM_TOL = 1e-9
+# BatchNorm normalises each process's shard by its own statistics: with it, W processes must differ
+# from one, or an equivalence check could not see a broken backend
+EXACT_BUT_BATCHNORM = [a for a in EXACT if a not in ("--norm", "group")]
 
 # The Slurm cluster (tools/slurm-local.sh) and the test hosts (tools/hosts.sh) are one per machine.
 CLUSTER = pytest.mark.xdist_group("cluster")
@@ -154,7 +159,13 @@ def free_port():
 
 
 def env(**extra):
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    """The environment of a process a test starts: one thread per process, unbuffered output, and
+    an empty Inductor cache of its own (--compile). Inductor's default cache,
+    /tmp/torchinductor_$USER, is shared by every run of the user: kernels compiled under
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 crashed a later run without them (SIGBUS), so
+    no run reads another's kernels, and the compiled tests' time is that of a first compile."""
+    cache = tempfile.mkdtemp(prefix="inductor-", dir=shared_runs.get("folder"))
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=cache)
     e.update(extra)
     return e
 
@@ -186,6 +197,8 @@ def metrics(out_dir):
 
 
 def params(out_dir, name="checkpoint.pth.tar"):
+    import torch  # here, not at the top: conftest.py imports this module into every pytest process
+
     return torch.load(os.path.join(out_dir, name), map_location="cpu", weights_only=True)["model"]
 
 
@@ -476,6 +489,20 @@ def reference_run(tiny_data):
         return out
 
     return once("reference", make)
+
+
+def batchnorm_reference_run(tiny_data):
+    """reference_run with BatchNorm (EXACT_BUT_BATCHNORM): the one process that 2 processes of any
+    backend must differ from. Its output folder, made once per session; read-only."""
+
+    def make(out):
+        run(
+            launch_cmd("python", 1, "distributed.py")
+            + ["--data", tiny_data, *TINY, *EXACT_BUT_BATCHNORM, "--output-dir", out]
+        )
+        return out
+
+    return once("reference_batchnorm", make)
 
 
 def horovodrun(nproc, args, out):

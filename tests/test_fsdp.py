@@ -15,11 +15,12 @@ import pytest
 import torch
 from helpers import (
     EXACT,
+    EXACT_BUT_BATCHNORM,
     PARAM_TOL,
     PY,
     ROOT,
     TINY,
-    launch_cmd,
+    batchnorm_reference_run,
     max_param_diff,
     metrics,
     params,
@@ -27,9 +28,6 @@ from helpers import (
     script,
     torchrun,
 )
-
-EXACT_BUT_BATCHNORM = [a for a in EXACT if a not in ("--norm", "group")]
-
 
 # one of each family; the first five failed at start in bf16 when norm layers were sharded twice
 ARCHS = [
@@ -188,17 +186,12 @@ def batchnorm_run(tiny_data, tmp_path_factory):
 
 
 @BATCHNORM_RUN
-def test_batchnorm_over_shards_differs_so_the_equivalence_check_can_fail(
-    batchnorm_run, tiny_data, tmp_path
-):
+def test_batchnorm_over_shards_differs_so_the_equivalence_check_can_fail(batchnorm_run, tiny_data):
     """BatchNorm normalizes each process's shard by its own statistics: 2 processes must differ from
     one, by far more than PARAM_TOL, or the equivalence test above could not see a broken
     backend."""
-    run(
-        launch_cmd("python", 1, "distributed.py")
-        + ["--data", tiny_data, *TINY, *EXACT_BUT_BATCHNORM, "--output-dir", str(tmp_path / "bn1")]
-    )
-    assert max_param_diff(params(str(tmp_path / "bn1")), params(batchnorm_run)) > 1e-3
+    one = batchnorm_reference_run(tiny_data)  # shared with test_parallel_math.py's check
+    assert max_param_diff(params(one), params(batchnorm_run)) > 1e-3
 
 
 @BATCHNORM_RUN

@@ -14,7 +14,7 @@ import os
 
 import pytest
 import torch
-from helpers import PY, ROOT, TINY, env, error_lines, metrics, run, script
+from helpers import PY, ROOT, TINY, env, metrics, run, script
 
 AVX2_ONLY = dict(ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2")
 
@@ -107,28 +107,6 @@ def test_cpu_peak_tool_sees_what_the_scripts_see(tmp_path):
     assert (
         set(peak["peak_gflops"]) == {"fp32"} and peak["peak_gflops"]["fp32"]["1"] > 0.5
     )  # GFLOP/s
-
-
-def test_fp64_and_an_explicit_mixed_precision_are_refused_in_one_line(tiny_data, tmp_path):
-    p = run(
-        [
-            PY,
-            script("distributed.py"),
-            "--data",
-            tiny_data,
-            *TINY,
-            "--fp64",
-            "--amp",
-            "bf16",
-            "--output-dir",
-            str(tmp_path),
-        ],
-        check=False,
-    )
-    assert p.returncode == 2
-    assert error_lines(p.stderr) == [
-        "distributed.py: error: --fp64 and --amp bf16 contradict each other: choose one precision"
-    ]
 
 
 # ---- the CPU capability check, on mocked CPUs ----

@@ -1,4 +1,5 @@
-"""Reliability: exact resume after a crash, no hangs, safe checkpoints, clear errors.
+"""Reliability: exact resume after a crash, no hangs, safe checkpoints (bad input and launches
+that cannot start: tests/test_bad_input.py).
 
 Real processes on CPU (gloo). Crashes are SIGKILLs of one worker process, found through
 /proc as a child of the launcher whose command line holds the script, at a line of the
@@ -6,7 +7,6 @@ training log; times are measured from the kill.
 """
 
 import os
-import pathlib
 import random
 import shutil
 import signal
@@ -182,129 +182,6 @@ def test_torchrun_max_restarts_resumes_by_itself_and_matches_uninterrupted_run(
 # ---- 3. no hangs ----
 
 
-def start(cmd, **kw):
-    return subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        start_new_session=True,
-        **kw,
-    )
-
-
-def finish(p, t0, timeout=120):
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
-    return dict(rc=p.returncode, stdout=out, stderr=err, seconds=time.monotonic() - t0)
-
-
-@pytest.fixture(scope="session")
-def failed_starts(tiny_data):
-    """Launches that cannot form their group, started together (they mostly wait)."""
-    return once(
-        "reliability_failed_starts", lambda tmp: start_failing(tiny_data, pathlib.Path(tmp))
-    )
-
-
-def start_failing(tiny_data, tmp):
-    mp = [
-        PY,
-        script("multiprocessing_distributed.py"),
-        "--data",
-        tiny_data,
-        "--image-size",
-        "32",
-        "-j",
-        "0",
-        "--dist-timeout",
-        "10",
-    ]
-    holder = socket.socket()  # another program listening on the port rank 0 wants for its store
-    holder.bind(("127.0.0.1", 0))
-    holder.listen()
-    busy = holder.getsockname()[1]
-    t0 = time.monotonic()
-    procs = {
-        # node 0 of two: node 1 never comes
-        "never_joins": start(
-            mp
-            + [
-                "--world-size",
-                "2",
-                "--rank",
-                "0",
-                "--nprocs",
-                "1",
-                "--dist-url",
-                f"tcp://127.0.0.1:{free_port()}",
-                "--output-dir",
-                str(tmp / "a"),
-            ],
-            env=env(),
-        ),
-        "port_in_use": start(
-            mp
-            + [
-                "--nprocs",
-                "1",
-                "--dist-url",
-                f"tcp://127.0.0.1:{busy}",
-                "--output-dir",
-                str(tmp / "b"),
-            ],
-            env=env(),
-        ),
-        # one process started by hand with the environment of a world of two
-        "world_size_mismatch": start(
-            [
-                PY,
-                script("distributed.py"),
-                "--data",
-                tiny_data,
-                "--image-size",
-                "32",
-                "-j",
-                "0",
-                "--dist-timeout",
-                "10",
-                "--output-dir",
-                str(tmp / "c"),
-            ],
-            env=env(
-                RANK="0",
-                WORLD_SIZE="2",
-                LOCAL_RANK="0",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(free_port()),
-            ),
-        ),
-    }
-    try:
-        return {name: finish(p, t0) for name, p in procs.items()}
-    finally:
-        holder.close()
-
-
-def assert_one_line_error(result, expected):
-    assert result["rc"] != 0
-    assert result["seconds"] < 60, result
-    lines = error_lines(result["stderr"])
-    assert len(lines) == 1 and expected in lines[0], result["stderr"][-3000:]
-    assert "Traceback" not in result["stderr"], result["stderr"][-3000:]
-    assert result["stderr"].strip().count("\n") == 0, result["stderr"][-3000:]
-
-
-def test_rank_that_never_joins_fails_within_dist_timeout_with_one_line(failed_starts):
-    result = failed_starts["never_joins"]
-    FIGURES["never-joins exit s (--dist-timeout 10)"] = round(result["seconds"], 1)
-    assert_one_line_error(result, "1/2 clients joined")
-
-
 def test_torchrun_ends_the_job_soon_after_a_rank_dies(killed_run):
     assert killed_run["rc"] != 0
     FIGURES["killed rank -> torchrun exit s"] = round(killed_run["exit_s"], 1)
@@ -319,14 +196,14 @@ def test_torchrun_ends_the_job_soon_after_a_rank_dies(killed_run):
 
 def test_back_to_back_launches_on_one_port_all_succeed(tiny_data, tmp_path):
     """A port freed by one job is usable by the next one at once: 2 launches in a row on the same
-    port."""
+    port. torchrun's agent serves the store on it, whatever the number of processes: one each."""
     port = free_port()
     for _ in range(2):
         run(
             [
                 os.path.join(BIN, "torchrun"),
                 "--nnodes=1",
-                "--nproc_per_node=2",
+                "--nproc_per_node=1",
                 f"--master-port={port}",
                 script("distributed.py"),
                 "--data",
@@ -426,47 +303,7 @@ def test_checkpoint_killed_while_being_written_leaves_the_previous_one_loadable(
     assert killed_mid_write > 0  # at least one kill landed inside a write
 
 
-def test_checkpoint_that_would_run_code_is_refused_with_one_line(tiny_data, tmp_path):
-    marker = tmp_path / "pwned"
-
-    class Payload:
-        def __reduce__(self):
-            return open, (str(marker), "w")  # unpickling it creates the marker
-
-    evil = tmp_path / "evil.pth.tar"
-    torch.save(dict(arch="resnet18", num_classes=7, epoch=1, best_acc1=0.0, model=Payload()), evil)
-    p = run(
-        [
-            PY,
-            script("distributed.py"),
-            "--data",
-            tiny_data,
-            "--image-size",
-            "32",
-            "-j",
-            "0",
-            "-b",
-            "12",
-            "--epochs",
-            "1",
-            "--resume",
-            str(evil),
-            "--output-dir",
-            str(tmp_path / "o"),
-        ],
-        check=False,
-        timeout=120,
-    )
-    assert p.returncode != 0
-    lines = error_lines(p.stderr)
-    assert len(lines) == 1 and f"cannot load checkpoint {evil}" in lines[0], p.stderr[-3000:]
-    assert p.stderr.strip().count("\n") == 0, p.stderr[-3000:]
-    assert not marker.exists()
-    torch.load(evil, weights_only=False)  # the payload is live: a trusting load runs it
-    assert marker.exists()
-
-
-# ---- 5. bad input ----
+# ---- 5. a run that diverges ----
 
 
 def test_a_diverging_run_stops_at_a_print_step_in_one_line_and_keeps_the_last_checkpoint(
@@ -501,11 +338,3 @@ def test_a_diverging_run_stops_at_a_print_step_in_one_line_and_keeps_the_last_ch
     assert "distributed.py: error: the loss is nan in epoch 1, step 3 of 4, at lr 1e+30" in lines[0]
     assert (out / "checkpoint.pth.tar").read_bytes() == good
     assert sorted(os.listdir(out)) == ["checkpoint.pth.tar"]  # no metrics row, no model_best
-
-
-def test_port_in_use_is_one_line_and_no_hang(failed_starts):
-    assert_one_line_error(failed_starts["port_in_use"], "address already in use")
-
-
-def test_world_size_larger_than_the_launched_processes_times_out_with_one_line(failed_starts):
-    assert_one_line_error(failed_starts["world_size_mismatch"], "1/2 clients joined")

@@ -27,11 +27,10 @@ STOP_ARGS = ["--image-size", "32", "-j", "0", "-b", "8", "--epochs", "1", "-p", 
 
 @pytest.fixture
 def uninterrupted(tiny_data, tmp_path_factory):
+    """One process: with EXACT it ends with the parameters of any number of processes (PARAM_TOL),
+    and it needs no launcher."""
     out = str(tmp_path_factory.mktemp("uninterrupted"))
-    run(
-        torchrun(2)
-        + [script("distributed.py"), "--data", tiny_data, *STOP_ARGS, "--output-dir", out]
-    )
+    run([PY, script("distributed.py"), "--data", tiny_data, *STOP_ARGS, "--output-dir", out])
     return params(out)
 
 

@@ -57,7 +57,7 @@ def test_test_sh_puts_the_given_environment_first_on_path(tmp_path, how):
     p = subprocess.run(
         ["bash", os.path.join(ROOT, "tools", "test.sh"), "tests/test_tools.py", "-k", "nothing"],
         cwd=cwd,
-        env=env(VENV=given, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}"),
+        env=env(VENV=given, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", TEST_WORKERS=""),
         capture_output=True,
         text=True,
         timeout=120,
@@ -65,10 +65,10 @@ def test_test_sh_puts_the_given_environment_first_on_path(tmp_path, how):
     assert p.returncode == 0, p.stdout + p.stderr
     lines = dict(line.split("=", 1) for line in record.read_text().splitlines())
     assert lines["python"] == f"{venv}/bin/python", lines
-    # 4 workers that keep each xdist_group together, the tests in conftest's order (see below), and
+    # 3 workers that keep each xdist_group together, the tests in conftest's order (see below), and
     # the named file only, not all of tests/
     assert lines["args"].endswith(
-        "-n 4 --dist loadgroup --no-loadscope-reorder tests/test_tools.py -k nothing"
+        "-n 3 --dist loadgroup --no-loadscope-reorder tests/test_tools.py -k nothing"
     ), lines
 
 
