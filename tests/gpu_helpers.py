@@ -41,9 +41,9 @@ def gpu_run(cmd, **kw):
     return run(cmd, env=kw.pop("env", gpu_env()), timeout=kw.pop("timeout", 600), **kw)
 
 
-@pytest.fixture(scope="session")
 def gpu_demo():
-    """Demo JPEGs (10 classes, DEMO_TRAIN + DEMO_VAL images), made once per test session."""
+    """Demo JPEGs (10 classes, DEMO_TRAIN + DEMO_VAL images), made once per test session: their
+    folder."""
 
     def make(folder):
         out = os.path.join(folder, "demo")
@@ -54,8 +54,9 @@ def gpu_demo():
     return once("gpu_demo", make)
 
 
-def one_epoch(data):
-    return ["--data", data, "-b", "64", "-j", "4", "--epochs", "1", "-p", "5"]
+def one_epoch():
+    """One epoch of the GPU demo data."""
+    return ["--data", gpu_demo(), "-b", "64", "-j", "4", "--epochs", "1", "-p", "5"]
 
 
 def trained_on_gpu(out, world_size, stdout=None, backend=None):

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torchvision
 from conftest import PY, TINY, metrics, once, script, torchrun
-from gpu_helpers import DEMO_VAL, DEVICE, GPU, gpu_run, trained_on_gpu
+from gpu_helpers import DEMO_VAL, DEVICE, GPU, gpu_demo, gpu_run, trained_on_gpu
 
 pytestmark = GPU
 
@@ -86,25 +86,19 @@ def test_channels_last_trains_as_the_contiguous_layout_does(tiny_data, tmp_path)
     assert abs(a - b) / abs(b) < 0.05, losses
 
 
-def apex_run(data, out, *extra):
-    gpu_run(
-        torchrun(1)
-        + [script("apex_distributed.py"), "--data", data, *EPOCHS_3, *extra, "--output-dir", out]
-    )
+def apex_run(out, *extra):
+    args = ["--data", gpu_demo(), *EPOCHS_3, *extra, "--output-dir", out]
+    gpu_run(torchrun(1) + [script("apex_distributed.py"), *args])
     return metrics(out)
 
 
 @pytest.fixture(scope="session")
-def fp32_accuracy(gpu_demo):
-    """val acc@1 of fp32 (--amp off) after 3 epochs, with two seeds: made once per session."""
+def fp32_accuracy():
+    """val acc@1 of fp32 (--amp off) after 3 epochs, with seeds 0 and 1: made once per session."""
 
     def make(folder):
-        return [
-            apex_run(
-                gpu_demo, os.path.join(folder, f"seed{seed}"), "--amp", "off", "--seed", str(seed)
-            )[-1]["val_acc1"]
-            for seed in (0, 1)
-        ]
+        runs = [(os.path.join(folder, f"seed{seed}"), "--seed", str(seed)) for seed in (0, 1)]
+        return [apex_run(*run, "--amp", "off")[-1]["val_acc1"] for run in runs]
 
     return once("gpu_fp32_accuracy", make)
 
@@ -117,8 +111,8 @@ def accuracy_noise(fp32, fp32_seed1):
 
 
 @pytest.mark.parametrize("amp", ["fp16", "auto"])
-def test_mixed_precision_ends_finite_at_fp32_accuracy(gpu_demo, fp32_accuracy, tmp_path, amp):
-    rows = apex_run(gpu_demo, str(tmp_path), "--amp", amp)
+def test_mixed_precision_ends_finite_at_fp32_accuracy(fp32_accuracy, tmp_path, amp):
+    rows = apex_run(str(tmp_path), "--amp", amp)
     want = amp
     if amp == "auto":
         want = "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
@@ -134,12 +128,12 @@ def test_mixed_precision_ends_finite_at_fp32_accuracy(gpu_demo, fp32_accuracy, t
     )
 
 
-def test_a_run_resumes_across_precisions(gpu_demo, tmp_path):
+def test_a_run_resumes_across_precisions(tmp_path):
     out = str(tmp_path)
     ckpt = os.path.join(out, "checkpoint.pth.tar")
     for epochs, amp in ((1, "fp16"), (2, "bf16"), (3, "fp16")):
         resume = ["--resume", ckpt] if epochs > 1 else []
-        apex_run(gpu_demo, out, "--epochs", str(epochs), "--amp", amp, *resume)
+        apex_run(out, "--epochs", str(epochs), "--amp", amp, *resume)
     rows = metrics(out)
     assert [(r["epoch"], r["amp"]) for r in rows] == [(0, "fp16"), (1, "bf16"), (2, "fp16")]
     assert all(math.isfinite(r["train_loss"]) for r in rows), [r["train_loss"] for r in rows]
