@@ -3,7 +3,7 @@
 Every run uses tiny images and a few steps, so the processes, launchers, collectives and
 checkpoints are real while the suite stays fast.
 
-The suite runs in parallel: tools/test.sh starts pytest with pytest-xdist (-n 4, TEST_WORKERS to
+The suite runs in parallel: dev/test.sh starts pytest with pytest-xdist (-n 4, TEST_WORKERS to
 change; a bare `pytest -n N` works the same, and -p no:xdist runs one test after another). Most
 tests wait on process start-up, rendezvous and timeouts, so four workers on two cores finish
 sooner than one. The tests are handed out by group (see "collection, scheduling" below): an
@@ -487,5 +487,5 @@ def pytest_terminal_summary(terminalreporter):
     if needing_root:
         terminalreporter.write_line(
             f"{len(needing_root)} test(s) skipped because they need root (reasons above, with -rs): as root, "
-            "`bash tools/test.sh` runs them too (CI=true makes them fail instead of skipping)"
+            "`bash dev/test.sh` runs them too (CI=true makes them fail instead of skipping)"
         )

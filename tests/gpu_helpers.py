@@ -1,7 +1,7 @@
 """What the GPU tests (tests/test_gpu_*.py) share: their marks, data, and what they read of a run.
 
 A test marked `gpu` trains on a CUDA GPU and skips, saying why, where torch sees none (a CPU
-machine, CI). On a GPU node `bash tools/test.sh -m gpu` runs them all; each file takes a few
+machine, CI). On a GPU node `bash dev/test.sh -m gpu` runs them all; each file takes a few
 minutes on one GPU. They check what the CPU suite cannot: NCCL, cuDNN's kernels, fp16 with a
 GradScaler, the CUDA prefetcher, SyncBatchNorm, Horovod's NCCL build.
 """

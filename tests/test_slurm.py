@@ -96,7 +96,7 @@ def require_slurm(environ=None):
         message = f"{problem}; run `{SLURM_LOCAL}`"
         if os.geteuid() != 0:
             needs_root(
-                f"a Slurm cluster, which tools/test.sh starts when run as root ({message} as root)"
+                f"a Slurm cluster, which dev/test.sh starts when run as root ({message} as root)"
             )
         missing_backend(message, "the Slurm tests")
 
@@ -338,7 +338,7 @@ def test_without_slurm_the_tests_fail_saying_how_to_start_a_cluster(monkeypatch,
     monkeypatch.delenv("CI")
     with pytest.raises(
         pytest.skip.Exception,
-        match="^needs root: a Slurm cluster, which tools/test.sh starts when "
+        match="^needs root: a Slurm cluster, which dev/test.sh starts when "
         "run as root .*not installed.*slurm-local.sh up",
     ):
         require_slurm(no_slurm)

@@ -1,4 +1,4 @@
-"""tools/test.sh runs the suite with the environment it is given, wherever that lives.
+"""dev/test.sh runs the suite with the environment it is given, wherever that lives.
 
 The tests start programs by name (torchrun, horovodrun, python3 through start.sh), so the
 environment's bin folder must come first on PATH for an absolute VENV as for a relative one.
@@ -15,7 +15,7 @@ from conftest import ROOT, env
 
 
 def stand_in_venv(path, record):
-    """A folder that looks like a virtual environment to tools/test.sh: its python accepts every
+    """A folder that looks like a virtual environment to dev/test.sh: its python accepts every
     set-up call and, when asked to run pytest, records which `python` PATH finds and the arguments."""
     (path / "bin").mkdir(parents=True)
     (path / "pyvenv.cfg").write_text("home = /usr/bin\n")
@@ -53,7 +53,7 @@ def test_test_sh_puts_the_given_environment_first_on_path(tmp_path, how):
         (str(venv), ROOT) if how == "absolute" else (os.path.join("envs", "torch"), tmp_path)
     )
     p = subprocess.run(
-        ["bash", os.path.join(ROOT, "tools", "test.sh"), "tests/test_tools.py", "-k", "nothing"],
+        ["bash", os.path.join(ROOT, "dev", "test.sh"), "tests/test_tools.py", "-k", "nothing"],
         cwd=cwd,
         env=env(VENV=given, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}"),
         capture_output=True,
@@ -122,6 +122,4 @@ def test_a_test_that_needs_root_skips_for_other_users_saying_how_to_run_it_and_f
             line.startswith("SKIPPED [1]") and line.endswith(": needs root: mounting a tmpfs")
             for line in p.stdout.splitlines()
         ), p.stdout
-        assert len(summary) == 1 and "as root, `bash tools/test.sh` runs them" in summary[0], (
-            p.stdout
-        )
+        assert len(summary) == 1 and "as root, `bash dev/test.sh` runs them" in summary[0], p.stdout
