@@ -100,8 +100,8 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
     assert (
         rows["horovod"]["status"] == "skipped" and "install-horovod.sh" in rows["horovod"]["note"]
     )
-    # model TFLOP/s of resnet18 at start.sh's 32 px; CPU MFU against the fp32 matmul peak measured first,
-    # at each run's threads per process, times its processes
+    # model TFLOP/s of resnet18 at start.sh's 32 px; CPU MFU against the fp32 matmul peak measured
+    # first, at each run's threads per process, times its processes
     flops = train_flops_per_image("resnet18", 32)
     peak = json.loads((out / "runs" / "cpu_peak.json").read_text())
     for name in ("dataparallel", "distributed"):
@@ -115,7 +115,7 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
         assert float(r["mfu_pct"]) == pytest.approx(
             100 * tflops / float(r["peak_tflops"]), rel=0.02
         )
-    # the loader columns: one loader process's images/s per core on DATA, and the cores each run needs
+    # the loader columns: a loader process's images/s per core on DATA, and the cores each run needs
     loader = float(rows["distributed"]["loader_images_per_core_s"])
     assert loader > 0 and float(rows["dataparallel"]["loader_images_per_core_s"]) == loader
     assert float(rows["distributed"]["loader_cores_needed"]) == pytest.approx(
@@ -132,13 +132,14 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
         f"- CPU capability: {peak['capability']}, native bf16: " in md
         and "GFLOP/s at 1 thread(s)" in md
     )
-    # the recorded command reproduces the run: the settings given through the environment come with it
+    # the recorded command reproduces the run: the settings given through the environment are in it
     command = next(line for line in md.splitlines() if line.startswith("- command: `"))
     assert (
-        f"DATA={tiny_data} IMAGE_SIZE=32 bash start.sh -o {out} --only dataparallel,distributed,fsdp,horovod"
-        in command
+        f"DATA={tiny_data} IMAGE_SIZE=32 bash start.sh -o {out} "
+        "--only dataparallel,distributed,fsdp,horovod" in command
     ), command
-    # and each run's command is the one a user types in the checkout: no absolute path of it or of the venv
+    # and each run's command is the one a user types in the checkout: no absolute path of it or of
+    # the venv
     commands = md[md.index("## Commands") :]
     assert "distributed.py --data" in commands and ROOT not in commands, commands
     if os.path.isfile(os.path.join(os.path.dirname(BIN), "pyvenv.cfg")):
@@ -157,15 +158,15 @@ def test_report_shows_commands_as_typed_in_the_checkout_not_with_absolute_paths(
     results = tmp_path / "results"
     (results / "runs" / "distributed").mkdir(parents=True)
     ran = {
-        "distributed": f"{venv}/bin/torchrun --standalone --nproc_per_node=2 distributed.py --data data/demo "
-        f"-b 32 --image-size 64 --output-dir {ROOT}/results/runs/distributed ",
+        "distributed": f"{venv}/bin/torchrun --standalone --nproc_per_node=2 distributed.py "
+        f"--data data/demo -b 32 --image-size 64 --output-dir {ROOT}/results/runs/distributed ",
         "multiprocessing": f"{ROOT}/.venv/bin/python multiprocessing_distributed.py --nprocs 2 "
         f"--output-dir {ROOT}/results/runs/multiprocessing ",
     }
     manifest = "".join(f"{name}\t{name}\tok\t2\t1\t-\t0\t30\t{cmd}\n" for name, cmd in ran.items())
     manifest += (
-        f"horovod\thorovodrun\tskipped\t-\t-\t-\t-\t-\thorovod: not installed — PYTHON={venv}/bin/python "
-        "bash tools/install-horovod.sh\n"
+        "horovod\thorovodrun\tskipped\t-\t-\t-\t-\t-\t"
+        f"horovod: not installed — PYTHON={venv}/bin/python bash tools/install-horovod.sh\n"
     )
     (results / "runs" / "manifest.tsv").write_text(manifest)
     for name in ran:
@@ -201,8 +202,8 @@ def test_report_shows_commands_as_typed_in_the_checkout_not_with_absolute_paths(
     assert "- command: `RESULTS=results DATA=data/demo bash start.sh`" in md
     assert "- configuration: resnet18, 64px, data/demo" in md
     assert (
-        "- distributed: `.venv/bin/torchrun --standalone --nproc_per_node=2 distributed.py --data data/demo "
-        "-b 32 --image-size 64 --output-dir results/runs/distributed`"
+        "- distributed: `.venv/bin/torchrun --standalone --nproc_per_node=2 distributed.py "
+        "--data data/demo -b 32 --image-size 64 --output-dir results/runs/distributed`"
     ) in md
     assert (
         "- multiprocessing: `.venv/bin/python multiprocessing_distributed.py --nprocs 2 "
@@ -217,7 +218,7 @@ def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):
     flops = train_flops_per_image("resnet18", 224)
     assert flops == pytest.approx(3 * 2 * 1.814e9, rel=0.10)  # 3 x forward, forward = 1.814 GMACs
 
-    # the report's functions on fabricated rows: 2 x H100 SXM from the table, a CPU run, a skipped one
+    # the report's functions on made-up rows: 2 x H100 SXM from the table, a CPU run, a skipped one
     h100 = "NVIDIA H100 80GB HBM3"
     rows = [
         dict(backend="apex", status="ok", gpus="0,1", images_per_s=3000.0),
@@ -253,7 +254,8 @@ def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):
         peak("NVIDIA GeForce RTX 4090"),
     ) == (756, 989, 312, 362, 125, None)
 
-    # the report end to end on a fabricated results folder: arch from metrics.jsonl, image size from the command
+    # the report end to end on a made-up results folder: arch from metrics.jsonl, image size from
+    # the command
     runs = tmp_path / "runs"
     (runs / "distributed").mkdir(parents=True)
     (runs / "manifest.tsv").write_text(
@@ -330,14 +332,16 @@ def test_mixed_precision_bar_depends_on_native_support():
 
 
 def fake_gpu_node(tmp_path, gpus=4, cores=32):
-    """A bin folder that makes start.sh see a node with `gpus` H100s and `cores` cores: fake nvidia-smi,
-    nproc, sinfo and srun, and PYTHON and TORCHRUN wrappers that record each training command line with
-    its CUDA variables (one JSON line each) instead of training; everything else runs the real Python."""
+    """A bin folder that makes start.sh see a node with `gpus` H100s and `cores` cores: fake
+    nvidia-smi, nproc, sinfo and srun, and PYTHON and TORCHRUN wrappers that record each training
+    command line with its CUDA variables (one JSON line each) instead of training; everything else
+    runs the real Python."""
     bin_dir, rec = tmp_path / "bin", tmp_path / "commands.jsonl"
     bin_dir.mkdir()
     record = (
         f"{PY} -c 'import json, os, sys; print(json.dumps(dict(argv=sys.argv[1:], "
-        f'order=os.environ.get("CUDA_DEVICE_ORDER"), visible=os.environ.get("CUDA_VISIBLE_DEVICES"))))\' '
+        'order=os.environ.get("CUDA_DEVICE_ORDER"), '
+        'visible=os.environ.get("CUDA_VISIBLE_DEVICES"))))\' '
         f'"$(basename "$0")" "$@" >>{rec}\n'
     )
     rows = "".join(f"echo 'GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i})'\n" for i in range(gpus))
@@ -351,7 +355,8 @@ def fake_gpu_node(tmp_path, gpus=4, cores=32):
         "sinfo": "#!/bin/sh\necho 'idle 1 gpu-node'\n",
         "srun": "#!/bin/bash\n" + record,
         "torchrun": "#!/bin/bash\n" + record,
-        "python": '#!/bin/bash\ncase "$1" in\n  *.py|-m) [[ $1 != -m || $2 == torch.distributed.launch ]] && '
+        "python": '#!/bin/bash\ncase "$1" in\n'
+        "  *.py|-m) [[ $1 != -m || $2 == torch.distributed.launch ]] && "
         f'[[ $1 != tools/* ]] && {{ {record.strip()}; exit 0; }};;\nesac\nexec {PY} "$@"\n',
     }
     for name, text in files.items():
@@ -428,7 +433,8 @@ def test_start_sh_gpu_mode_keeps_every_gpu_visible_and_feeds_dataparallel_from_a
         c,
     ) in commands.items():  # nvidia-smi's GPU numbers are CUDA's, and every process sees every GPU
         assert (c["order"], c["visible"]) == ("PCI_BUS_ID", "0,1,2,3"), (name, c)
-    # 32 cores, 4 GPUs: 8 loader workers per training process; DataParallel's one process feeds all four GPUs
+    # 32 cores, 4 GPUs: 8 loader workers per training process; DataParallel's one process feeds all
+    # four GPUs
     for name in "distributed", "apex", "launch", "multiprocessing", "fsdp", "srun":
         assert option(commands[name]["argv"], "-j") == "8", commands[name]
     assert option(commands["dataparallel"]["argv"], "-j") == "32"
