@@ -64,7 +64,7 @@ else
 fi
 
 # the local Slurm cluster, unless the arguments name test files none of which is in the "cluster"
-# group (conftest.CLUSTER): .ci/run's second pass, say, need not start and stop it
+# group (helpers.CLUSTER): .ci/run's second pass, say, need not start and stop it
 cluster=$((1 - gpu_only))
 paths=()
 for arg in "$@"; do case $arg in tests/*) paths+=("${arg%%::*}") ;; esac; done
@@ -86,13 +86,17 @@ trap stop_slurm EXIT
 export PATH="$VENV/bin:$PATH"
 # all of tests/, unless the arguments name test files or folders themselves; TEST_WORKERS processes
 # (most tests wait on process start-up and timeouts: 4 keep two cores busier than 3), unless
-# the arguments say how many (-n) or turn xdist off (-p no:xdist)
+# the arguments say how many (-n) or turn xdist off (-p no:xdist). --dist loadgroup keeps each
+# xdist_group on one worker; --no-loadscope-reorder hands the tests out in the order
+# tests/conftest.py sorts them (the slowest first)
 where=(tests)
-workers=(-n "${TEST_WORKERS:-4}" --dist loadgroup)
+workers=(-n "${TEST_WORKERS:-4}")
+dist=(--dist loadgroup --no-loadscope-reorder)
 for arg in "$@"; do
   case $arg in
     tests/*) where=() ;;
-    -n | -n* | --numprocesses | --numprocesses=* | no:xdist) workers=() ;;
+    -n | -n* | --numprocesses | --numprocesses=*) workers=() ;;
+    no:xdist) workers=() dist=() ;;
   esac
 done
-"$VENV/bin/python" -m pytest -q -rs --durations=25 -o tmp_path_retention_policy=failed "${workers[@]}" "${where[@]}" "$@"
+"$VENV/bin/python" -m pytest -q -rs --durations=25 -o tmp_path_retention_policy=failed "${workers[@]}" "${dist[@]}" "${where[@]}" "$@"

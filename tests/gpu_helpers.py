@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 import torch
-from conftest import PY, ROOT, TINY, metrics, once, run, script
+from helpers import PY, ROOT, TINY, metrics, once, run, script
 
 DEVICE = "cuda"
 GPU = [

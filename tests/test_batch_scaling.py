@@ -1,11 +1,13 @@
 """Scaling out the batch: learning-rate warmup, gradient accumulation and gradient compression.
 
-- Warmup: the learning rate of every step, as the runs print it, follows the formula, and a run stopped by SIGUSR1
-  in the middle of the warmup and resumed goes on with the same rates and ends with the same parameters.
-- Compression: the gradients each backend averages in 16 bits are the exact average to that type's precision, and
-  a run trains to the uncompressed run's accuracy.
-(Accumulation's proofs, K micro-batches on W processes against one process, are in the equivalence tests of each
-backend: test_parallel_math.py, test_horovod.py, test_slurm.py, test_fsdp.py.)
+- Warmup: the learning rate of every step, as the runs print it, follows the formula, and a run
+  stopped by SIGUSR1 in the middle of the warmup and resumed goes on with the same rates and ends
+  with the same parameters.
+- Compression: the gradients each backend averages in 16 bits are the exact average to that type's
+  precision, and a run trains to the uncompressed run's accuracy.
+
+(Accumulation's proofs, K micro-batches on W processes against one process, are in the equivalence
+tests of each backend: test_parallel_math.py, test_horovod.py, test_slurm.py, test_fsdp.py.)
 """
 
 import os
@@ -13,8 +15,9 @@ import re
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     EXACT,
+    HOROVODRUN,
     PARAM_TOL,
     PY,
     ROOT,
@@ -22,14 +25,15 @@ from conftest import (
     max_param_diff,
     metrics,
     params,
+    require_horovod,
     run,
     script,
+    stop_one_rank,
     torchrun,
 )
-from test_requeue import stop_one_rank
 
-# 48 images, -b 8 (6 steps an epoch) on 2 processes in 2 micro-batches of 2, warmup over 1.5 of the 2 epochs,
-# gradients sent in bf16: all three at once, so that resume is shown exact with each
+# 48 images, -b 8 (6 steps an epoch) on 2 processes in 2 micro-batches of 2, warmup over 1.5 of the
+# 2 epochs, gradients sent in bf16: all three at once, so that resume is shown exact with each
 WARMUP = [
     "--image-size",
     "32",
@@ -135,8 +139,6 @@ def test_compressed_gradients_are_the_average_to_the_types_precision(
         *compressions,
     ]
     if launcher == "horovodrun":
-        from test_horovod import HOROVODRUN, require_horovod
-
         require_horovod()
         run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, *worker])
     else:
@@ -146,9 +148,10 @@ def test_compressed_gradients_are_the_average_to_the_types_precision(
     for c in compressions:
         worst, changed = 0.0, False
         for n, g in result[c].items():
-            # two shards, each rounded, halved and summed in 16 bits: within 2 roundoffs of the shards' average
-            # magnitude (3 for the order a backend takes), and in fp16, below 2**-14, within half the 2**-24 spacing
-            # of its subnormal numbers at each of those 4 roundings
+            # two shards, each rounded, halved and summed in 16 bits: within 2 roundoffs of the
+            # shards' average magnitude (3 for the order a backend takes), and in fp16, below
+            # 2**-14, within half the 2**-24 spacing of its subnormal numbers at each of those 4
+            # roundings
             bound = 3 * ROUNDOFF[c] * magnitude[n] + (4 * 2.0**-25 if c == "fp16" else 0.0)
             worst = max(worst, ((g - exact[n]).abs() / bound.clamp_min(1e-30)).max().item())
             changed |= not torch.equal(g, exact[n])
@@ -182,15 +185,14 @@ def test_compressed_training_reaches_the_uncompressed_accuracy(
         str(tmp_path),
     ]
     if launcher == "horovodrun":
-        from test_horovod import HOROVODRUN, require_horovod
-
         require_horovod()
         p = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", PY, script(name), *args])
     else:
         p = run(torchrun(2) + [script(name), *args])
     assert f"gradients sent in {'fp16' if launcher == 'horovodrun' else 'bf16'}" in p.stdout
     got, want = metrics(str(tmp_path))[-1], metrics(reference)[-1]
-    # 4 steps of rounded gradients move the weights by ~lr x 2**-8 x |gradient|: far below what changes a prediction
+    # 4 steps of rounded gradients move the weights by ~lr x 2**-8 x |gradient|: far below what
+    # changes a prediction
     assert abs(got["val_acc1"] - want["val_acc1"]) <= 100 * 2 / 101  # at most 2 of the 101 images
     assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-2)
     assert 0 < max_param_diff(params(str(tmp_path)), params(reference)) < 1e-2

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BIN, PY, ROOT, env, run
+from helpers import BIN, PY, ROOT, env, run
 from PIL import Image
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -115,7 +115,8 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
         assert float(r["mfu_pct"]) == pytest.approx(
             100 * tflops / float(r["peak_tflops"]), rel=0.02
         )
-    # the loader columns: a loader process's images/s per core on DATA, and the cores each run needs
+    # the loader columns: one loader process's images/s per core on DATA, and the cores each run
+    # needs
     loader = float(rows["distributed"]["loader_images_per_core_s"])
     assert loader > 0 and float(rows["dataparallel"]["loader_images_per_core_s"]) == loader
     assert float(rows["distributed"]["loader_cores_needed"]) == pytest.approx(
@@ -132,7 +133,8 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
         f"- CPU capability: {peak['capability']}, native bf16: " in md
         and "GFLOP/s at 1 thread(s)" in md
     )
-    # the recorded command reproduces the run: the settings given through the environment are in it
+    # the recorded command reproduces the run: the settings given through the environment come
+    # with it
     command = next(line for line in md.splitlines() if line.startswith("- command: `"))
     assert (
         f"DATA={tiny_data} IMAGE_SIZE=32 bash start.sh -o {out} "
@@ -218,7 +220,8 @@ def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):
     flops = train_flops_per_image("resnet18", 224)
     assert flops == pytest.approx(3 * 2 * 1.814e9, rel=0.10)  # 3 x forward, forward = 1.814 GMACs
 
-    # the report's functions on made-up rows: 2 x H100 SXM from the table, a CPU run, a skipped one
+    # the report's functions on fabricated rows: 2 x H100 SXM from the table, a CPU run, a skipped
+    # one
     h100 = "NVIDIA H100 80GB HBM3"
     rows = [
         dict(backend="apex", status="ok", gpus="0,1", images_per_s=3000.0),
@@ -254,7 +257,7 @@ def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):
         peak("NVIDIA GeForce RTX 4090"),
     ) == (756, 989, 312, 362, 125, None)
 
-    # the report end to end on a made-up results folder: arch from metrics.jsonl, image size from
+    # the report end to end on a fabricated results folder: arch from metrics.jsonl, image size from
     # the command
     runs = tmp_path / "runs"
     (runs / "distributed").mkdir(parents=True)

@@ -5,7 +5,7 @@ are (ruff-formatted: a packed line counts as one, so only clearer code lowers th
 import os
 import subprocess
 
-from conftest import ROOT
+from helpers import ROOT
 
 LIMIT = 0.30
 SKIP = {".venv", "data", "output", "results", "__pycache__"}

@@ -17,7 +17,19 @@ import pytest
 import torch
 import torch.nn as nn
 import torchvision
-from conftest import BIN, PY, ROOT, TINY, error_lines, metrics, needs_root, once, run, script
+from helpers import (
+    BIN,
+    PY,
+    ROOT,
+    TINY,
+    error_lines,
+    metrics,
+    needs_root,
+    once,
+    require_horovod,
+    run,
+    script,
+)
 
 SMALL = ["--image-size", "16", "-j", "0", "-b", "12", "-p", "100"]  # TINY without --epochs
 
@@ -114,8 +126,9 @@ def test_examples_command_line_parses(ddp, tmp_path):
 
 @pytest.fixture(scope="session")
 def examples_style_run(tiny_data):
-    """`distributed.py DATA --start-epoch 1 --epochs 2`, as pytorch/examples is started: trains epoch 1 only.
-    Made once per session (the tests that read it may run on several workers); read-only."""
+    """`distributed.py DATA --start-epoch 1 --epochs 2`, as pytorch/examples is started: trains
+    epoch 1 only. Made once per session (the tests that read it may run on several workers);
+    read-only."""
 
     def make(out):
         p = run(
@@ -144,8 +157,9 @@ def test_positional_data_and_start_epoch_and_first_line_settings(examples_style_
     first = stdout.splitlines()[0]
     assert first.startswith("distributed.py: amp: "), first
     assert (
-        "batch 12 per process, gradients sent in fp32, 2 epochs, lr 0.0046875 (warmup 0 epochs, /10 every 30), "
-        "weight decay 0.0001, 0 loader workers per process (demo settings)"
+        "batch 12 per process, gradients sent in fp32, 2 epochs, lr 0.0046875 "
+        "(warmup 0 epochs, /10 every 30), weight decay 0.0001, "
+        "0 loader workers per process (demo settings)"
     ) in first, first
 
 
@@ -184,7 +198,8 @@ def test_fp32_checkpoint_resumes_with_fp16_grad_scaler(examples_style_run, tiny_
 def test_fp16_checkpoint_loads_into_runs_without_grad_scaler(
     ddp, examples_style_run, tiny_data, tmp_path
 ):
-    """The other direction, in-process: a checkpoint with a GradScaler state, loaded with the scaler off."""
+    """The other direction, in-process: a checkpoint with a GradScaler state, loaded with the scaler
+    off."""
     out, _ = examples_style_run
     ckpt = torch.load(os.path.join(out, "checkpoint.pth.tar"), weights_only=True)
     ckpt["scaler"] = torch.amp.GradScaler("cpu", init_scale=1024.0).state_dict()
@@ -259,8 +274,6 @@ def test_pytorch_examples_checkpoint_loads_with_its_class_count_from_the_weights
 
 
 def test_horovod_sync_bn_uses_horovods_sync_batch_norm():
-    from test_horovod import require_horovod
-
     require_horovod()
     import horovod.torch as hvd
 
@@ -349,7 +362,11 @@ def test_auxiliary_outputs_of_inception_v3_and_googlenet_are_weighted_as_torchvi
         (main, ce(main, target)),
     ]:
         loss, top1, top5, n = ddp.forward(
-            lambda images: outputs, torch.zeros(4, 3, 2, 2), target, args, torch.device("cpu")
+            lambda images, outputs=outputs: outputs,
+            torch.zeros(4, 3, 2, 2),
+            target,
+            args,
+            torch.device("cpu"),
         )
         assert torch.allclose(loss, expected) and n == 4
         assert (
@@ -450,9 +467,9 @@ def test_output_folder_that_cannot_be_made_is_one_line_before_training(tiny_data
 def test_model_best_is_a_hard_link_to_its_epochs_checkpoint_or_a_copy_where_links_fail(
     ddp, tmp_path, monkeypatch
 ):
-    """The best epoch's bytes are written once: model_best.pth.tar is a second name for them, which the next
-    checkpoint, a new file renamed over the old name, leaves alone. Where the file system has no hard links
-    (os.link fails), model_best is written out in full."""
+    """The best epoch's bytes are written once: model_best.pth.tar is a second name for them, which
+    the next checkpoint, a new file renamed over the old name, leaves alone. Where the file system
+    has no hard links (os.link fails), model_best is written out in full."""
     ckpt, best = tmp_path / "checkpoint.pth.tar", tmp_path / "model_best.pth.tar"
     ddp.save_checkpoint({"epoch": 1, "x": torch.ones(1000)}, True, str(tmp_path))
     assert os.stat(ckpt).st_ino == os.stat(best).st_ino and os.stat(best).st_nlink == 2
@@ -503,8 +520,8 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(ddp, tmp_path, mon
 def tmpfs(path, size):
     os.makedirs(path)
     needs_root(
-        "mounting a small tmpfs, a real full disk (test_full_disk_while_saving_keeps_the_previous_checkpoint "
-        "covers this with a mock)"
+        "mounting a small tmpfs, a real full disk "
+        "(test_full_disk_while_saving_keeps_the_previous_checkpoint covers this with a mock)"
     )
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
     try:
@@ -516,8 +533,8 @@ def tmpfs(path, size):
 def test_disk_filling_up_during_training_is_one_line_and_keeps_a_loadable_checkpoint(
     tiny_data, tmp_path
 ):
-    """A real full disk: a 150 MB tmpfs holds one ResNet-18 checkpoint (~90 MB with momentum) and its
-    model_best.pth.tar (a hard link), not the next epoch's temporary file beside them."""
+    """A real full disk: a 150 MB tmpfs holds one ResNet-18 checkpoint (~90 MB with momentum) and
+    its model_best.pth.tar (a hard link), not the next epoch's temporary file beside them."""
     with tmpfs(tmp_path / "small", "150m") as out:
         p = run(
             [

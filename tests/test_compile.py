@@ -1,7 +1,7 @@
-"""--compile: torch.compile of the model trains the same model as eager mode, and its compile time is
-reported apart from the training speed.
+"""--compile: torch.compile of the model trains the same model as eager mode, and its compile time
+is reported apart from the training speed.
 
-The comparisons run in float64 (conftest EXACT): Inductor fuses kernels and reorders sums, which
+The comparisons run in float64 (helpers.EXACT): Inductor fuses kernels and reorders sums, which
 in float32 moves parameters by ~1e-6 after a few steps, while in float64 a reordered sum differs
 by at most n * 1.1e-16 of its terms' magnitudes: far below PARAM_TOL (1e-9; measured: 2.2e-16).
 A real difference (another loss, a skipped update) moves parameters by >= 1e-4. Compiling
@@ -12,7 +12,7 @@ FSDP: tests/test_fsdp.py).
 
 import math
 
-from conftest import (
+from helpers import (
     EXACT,
     PARAM_TOL,
     TINY,
@@ -33,8 +33,8 @@ def test_compiled_training_equals_eager(tiny_data, tmp_path):
         + ["--compile", "--output-dir", str(tmp_path / "c1")],
         timeout=900,
     )
-    # `python distributed.py` with these arguments, made once for the session: asked for only now, so
-    # that compiling does not wait for it
+    # `python distributed.py` with these arguments, made once for the session: asked for only now,
+    # so that compiling does not wait for it
     eager = reference_run(tiny_data)
     assert max_param_diff(params(eager), params(str(tmp_path / "c1"))) < PARAM_TOL
     row = metrics(str(tmp_path / "c1"))[-1]

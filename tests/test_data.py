@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import PY, ROOT, run
+from helpers import PY, ROOT, run
 
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
@@ -34,7 +34,8 @@ def synthetic_samples(n=IMAGENET_TRAIN, classes=1000):
 
 
 def memory_kb(pid):
-    """Unique (USS: private clean + private dirty) and proportional (PSS) memory of a process, kB."""
+    """Unique (USS: private clean + private dirty) and proportional (PSS) memory of a process,
+    kB."""
     fields = {}
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
@@ -117,8 +118,8 @@ def test_a_million_image_list_stays_small_in_the_process_and_its_loader_workers(
             f"worker {pid}: USS {before[pid][0] / 1024:.0f} -> {after[pid][0] / 1024:.0f} MB, "
             f"PSS {before[pid][1] / 1024:.0f} -> {after[pid][1] / 1024:.0f} MB over two epochs"
         )
-        # a list of (str, int) tuples grew each worker by 83 MB here (measured): every page holding a
-        # Python object it touches is copied on the first reference-count change
+        # a list of (str, int) tuples grew each worker by 83 MB here (measured): every page holding
+        # a Python object it touches is copied on the first reference-count change
         assert uss_growth < 16, f"worker {pid}'s unique memory grew by {uss_growth:.0f} MB"
         assert pss_growth < 16, f"worker {pid}'s proportional memory grew by {pss_growth:.0f} MB"
     del it, loader
@@ -152,7 +153,8 @@ def test_build_loaders_keeps_workers_across_epochs(tiny_data, tmp_path):
         if epoch == 0 and len(batches) == 1:
             first_pid = pid
     assert pid == first_pid  # the same worker process served all three epochs
-    # a persistent worker's own RNG moves on, yet epoch 0 draws the same crops again (seeded per sample)
+    # a persistent worker's own RNG moves on, yet epoch 0 draws the same crops again (seeded per
+    # sample)
     assert torch.equal(batches[0], batches[2]) and not torch.equal(batches[0], batches[1])
 
 
@@ -206,8 +208,8 @@ def test_index_beside_the_data_is_read_and_never_stale(tiny_data, tmp_path, monk
 
 
 def backdate(data):
-    """Every folder's modification time an hour back, as on data not written just now: a change made by a test then
-    changes a folder's time even on a filesystem whose clock ticks coarsely."""
+    """Every folder's modification time an hour back, as on data not written just now: a change made
+    by a test then changes a folder's time even on a filesystem whose clock ticks coarsely."""
     for folder, _, _ in os.walk(data):
         os.utime(
             folder, ns=(os.stat(folder).st_atime_ns, os.stat(folder).st_mtime_ns - 3600 * 10**9)
@@ -217,8 +219,9 @@ def backdate(data):
 def test_an_image_changed_below_a_class_folder_makes_the_index_untrusted(
     tiny_data, tmp_path, monkeypatch
 ):
-    """Images in subfolders of a class folder count, so the index covers those folders' times too: one added there
-    is listed (the index is not read, and the run says why), and one removed there is not asked for."""
+    """Images in subfolders of a class folder count, so the index covers those folders' times too:
+    one added there is listed (the index is not read, and the run says why), and one removed there
+    is not asked for."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     data = copy_data(tiny_data, tmp_path / "d")
     train, jpeg = (
@@ -275,8 +278,9 @@ def test_an_image_changed_below_a_class_folder_makes_the_index_untrusted(
 def test_an_image_added_while_the_tool_lists_is_never_left_out_of_its_index(
     tiny_data, tmp_path, monkeypatch
 ):
-    """A writer adds an image to a class folder just after the tool has read that folder: the folder's time has
-    changed by the end of the listing, so the tool lists again rather than write an index that lacks the image."""
+    """A writer adds an image to a class folder just after the tool has read that folder: the
+    folder's time has changed by the end of the listing, so the tool lists again rather than write
+    an index that lacks the image."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     data = copy_data(tiny_data, tmp_path / "d")
     train, jpeg = (

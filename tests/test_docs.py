@@ -12,7 +12,7 @@ import re
 import sys
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 from benchmark_report import ABS_PATH  # noqa: E402
@@ -20,7 +20,8 @@ from benchmark_report import ABS_PATH  # noqa: E402
 README_MAX_LINES = 250
 DEMO_COMMAND = (
     "python3 -m venv .venv && .venv/bin/pip install -r requirements.txt && "
-    ".venv/bin/python tools/make_demo_data.py && .venv/bin/torchrun --nproc_per_node=2 distributed.py"
+    ".venv/bin/python tools/make_demo_data.py && "
+    ".venv/bin/torchrun --nproc_per_node=2 distributed.py"
 )
 TEST_COMMAND = "bash dev/test.sh"
 

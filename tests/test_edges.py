@@ -1,8 +1,9 @@
-"""Edges a user meets: a resume with nothing left of its epoch, a resume with another seed, a global batch the
-processes cannot split, images whose header hides their size, and a torch older than the scripts need.
+"""Edges a user meets: a resume with nothing left of its epoch, a resume with another seed, a global
+batch the processes cannot split, images whose header hides their size, and a torch older than the
+scripts need.
 
-Real processes and real files; the image checks run in-process on crafted files, and one run shows the error a
-user sees.
+Real processes and real files; the image checks run in-process on crafted files, and one run shows
+the error a user sees.
 """
 
 import os
@@ -13,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     EXACT,
     PY,
     ROOT,
@@ -32,7 +33,8 @@ import distributed  # noqa: E402
 
 
 def rewrite_checkpoint(path, **fields):
-    """A real checkpoint with some fields changed, as a run stopped elsewhere would have written it."""
+    """A real checkpoint with some fields changed, as a run stopped elsewhere would have written
+    it."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     state.update(fields)
     torch.save(state, path)
@@ -52,7 +54,8 @@ def failure(cmd, timeout=120):
 
 @pytest.fixture
 def one_epoch(reference):
-    """The shared one-process run's checkpoint (epoch 1, TINY + EXACT): the real file the others are made from."""
+    """The shared one-process run's checkpoint (epoch 1, TINY + EXACT): the real file the others are
+    made from."""
     return os.path.join(reference, "checkpoint.pth.tar")
 
 
@@ -62,9 +65,9 @@ def one_epoch(reference):
 def test_resume_with_a_larger_batch_after_the_last_full_step_finishes_the_epoch(
     tiny_data, one_epoch, tmp_path
 ):
-    """Stopped after sample 36 of 48 at -b 12 and requeued with -b 24 on 2 processes: 12 images are fewer than one
-    global batch, so epoch 0 is done (validated, checkpointed) and epoch 1 trains; every restart would have
-    crashed before, dividing by zero steps."""
+    """Stopped after sample 36 of 48 at -b 12 and requeued with -b 24 on 2 processes: 12 images are
+    fewer than one global batch, so epoch 0 is done (validated, checkpointed) and epoch 1 trains;
+    every restart would have crashed before, dividing by zero steps."""
     out = tmp_path / "out"
     out.mkdir()
     shutil.copy(one_epoch, out / "checkpoint.pth.tar")
@@ -123,10 +126,11 @@ def test_mid_epoch_resume_with_another_seed_or_other_data_is_refused(
         ]
     )
     assert (
-        f"checkpoint {ckpt} stopped mid-epoch in the order of --seed 3 over 48 training images: resume it with "
-        "those, not --seed 5 over 48" in line
+        f"checkpoint {ckpt} stopped mid-epoch in the order of --seed 3 over 48 training images: "
+        "resume it with those, not --seed 5 over 48" in line
     )
-    # in-process for the rest (a process each would be slow): another data set, and what still resumes
+    # in-process for the rest (a process each would be slow): another data set, and what still
+    # resumes
     model, args = distributed.create_model(parse(tiny_data), 7), parse(tiny_data)
     optimizer, scaler = (
         distributed.build_optimizer(model, args, torch.device("cpu")),
@@ -160,8 +164,9 @@ def parse(data, *extra):
 def test_a_checkpoint_with_wrapped_names_keeps_the_module_versions_a_model_checks(
     tiny_data, tmp_path
 ):
-    """MNASNet reads its layers' versions (the state dict's _metadata) when loading: the names DataParallel and DDP
-    prefix with "module." are stripped in place, keeping them, so its checkpoints resume in any script."""
+    """MNASNet reads its layers' versions (the state dict's _metadata) when loading: the names
+    DataParallel and DDP prefix with "module." are stripped in place, keeping them, so its
+    checkpoints resume in any script."""
     args = distributed.build_parser().parse_args(
         ["--data", tiny_data, *TINY, "-a", "mnasnet0_5"]
     )  # BatchNorm
@@ -242,7 +247,8 @@ W, H = (
 
 
 def image_files(folder):
-    """One valid image of every format the loader accepts, and the ways a header can hide an image's size."""
+    """One valid image of every format the loader accepts, and the ways a header can hide an image's
+    size."""
     from PIL import Image
 
     rgb = Image.new("RGB", (W, H), (200, 30, 30))
@@ -294,7 +300,8 @@ def test_every_accepted_format_is_bounded_by_its_header_and_still_loads(tmp_path
             distributed.UserError, match=f"^{W}x{H} is over the limit of {W * H - 1} pixels"
         ):
             distributed.read_image(str(path))
-    # a marker PIL does not know before the frame header: the size cannot be read, so the image is refused
+    # a marker PIL does not know before the frame header: the size cannot be read, so the image is
+    # refused
     jpeg = (tmp_path / "a.jpg").read_bytes()
     (tmp_path / "tem.jpg").write_bytes(jpeg[:2] + b"\xff\x01" + jpeg[2:])
     with pytest.raises(distributed.UserError, match="not an image format whose size can be read"):
@@ -329,7 +336,8 @@ def minimum(name):
 
 
 def run_with_torch(version, *argv):
-    """The scripts started in a process whose torch says it is `version`: a line "SCRIPT|exit status" each."""
+    """The scripts started in a process whose torch says it is `version`: a line "SCRIPT|exit
+    status" each."""
     code = (
         "import runpy, sys, torch\n"
         f"torch.__version__ = {version!r}\n"
@@ -345,7 +353,7 @@ def run_with_torch(version, *argv):
     return run([PY, "-c", code, *[script(s) for s in SCRIPTS]], check=False)
 
 
-def test_each_script_on_an_older_torch_names_the_release_it_needs_and_requirements_name_the_newest():
+def test_each_script_on_an_older_torch_names_the_release_it_needs_as_requirements_txt_does():
     p = run_with_torch("2.3.0")
     needs = {name: ".".join(map(str, minimum(name)[0])) for name in SCRIPTS}
     assert p.stdout.splitlines() == [

@@ -1,7 +1,7 @@
 """fsdp_distributed.py: FSDP2 (fully_shard) trains the model one process trains, and its
 checkpoints are the other scripts' checkpoints, both ways.
 
-Real torchrun processes on CPU (gloo, a CPU device mesh). The equivalence runs use conftest's
+Real torchrun processes on CPU (gloo, a CPU device mesh). The equivalence runs use helpers'
 EXACT settings (GroupNorm, no augmentation, float64), as for the other backends; the architecture
 runs (tests/fsdp_archs.py) call the script's own distribute(), forward() and full_state() on
 torchvision models of ten families, which the command line would train for minutes at 224 px.
@@ -13,7 +13,7 @@ import re
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     EXACT,
     PARAM_TOL,
     PY,
@@ -60,8 +60,8 @@ def momentum(out_dir):
 
 @pytest.fixture(scope="module")
 def fsdp_runs(tiny_data, tmp_path_factory):
-    """FSDP runs of one epoch, made once: by process count. 2 processes accumulate 2 micro-batches a step
-    (FSDP's set_requires_gradient_sync): the same parameters as one process's whole batches."""
+    """FSDP runs of one epoch, made once: by process count. 2 processes accumulate 2 micro-batches a
+    step (FSDP's set_requires_gradient_sync): the same parameters as one process's whole batches."""
 
     def make(nproc):
         out = str(tmp_path_factory.mktemp(f"fsdp{nproc}"))
@@ -74,8 +74,13 @@ def fsdp_runs(tiny_data, tmp_path_factory):
 
 
 ACCUMULATE = {2: ["--accum-steps", "2"], 3: []}
+# The tests that read a module fixture run on one worker, so that it is made once (helpers.py)
+FSDP_RUNS = pytest.mark.xdist_group("fsdp_runs")
+BATCHNORM_RUN = pytest.mark.xdist_group("fsdp_batchnorm_run")
+ARCH_RUNS = pytest.mark.xdist_group("fsdp_arch_runs")
 
 
+@FSDP_RUNS
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_sharded_training_gives_the_single_process_parameters_and_momentum(
     reference, fsdp_runs, nproc
@@ -87,10 +92,12 @@ def test_sharded_training_gives_the_single_process_parameters_and_momentum(
     )  # 101 = 34 + 34 + 33: every image once
     assert row["val_acc1"] == metrics(reference)[-1]["val_acc1"]
     assert max_param_diff(params(reference), params(out)) < PARAM_TOL
-    # the checkpoint holds the whole momentum, gathered from the shards, in torch.optim.SGD's own format
+    # the checkpoint holds the whole momentum, gathered from the shards, in torch.optim.SGD's own
+    # format
     assert max_param_diff(momentum(reference), momentum(out)) < PARAM_TOL
 
 
+@FSDP_RUNS
 def test_checkpoints_resume_exactly_and_move_between_fsdp_and_ddp(
     reference, fsdp_runs, tiny_data, tmp_path
 ):
@@ -131,7 +138,8 @@ def test_checkpoints_resume_exactly_and_move_between_fsdp_and_ddp(
         max_param_diff(momentum(str(tmp_path / "straight")), momentum(str(tmp_path / "again")))
         == 0.0
     )
-    # FSDP's checkpoint goes on in distributed.py (here one process), and a DDP checkpoint in fsdp_distributed.py
+    # FSDP's checkpoint goes on in distributed.py (here one process), and a DDP checkpoint in
+    # fsdp_distributed.py
     run(
         [
             PY,
@@ -167,22 +175,25 @@ def test_checkpoints_resume_exactly_and_move_between_fsdp_and_ddp(
         max_param_diff(params(str(tmp_path / "straight")), params(str(tmp_path / "from_ddp")))
         < PARAM_TOL
     )
-    # (distributed.py --evaluate gives an FSDP checkpoint FSDP's Acc@1: the bf16 shufflenet test below)
+    # (distributed.py --evaluate gives an FSDP checkpoint FSDP's Acc@1: the bf16 shufflenet test
+    # below)
 
 
 @pytest.fixture(scope="module")
 def batchnorm_run(tiny_data, tmp_path_factory):
-    """2 FSDP processes in float64 with BatchNorm (conftest's EXACT but for the norm)."""
+    """2 FSDP processes in float64 with BatchNorm (helpers.EXACT but for the norm)."""
     out = str(tmp_path_factory.mktemp("bn2"))
     run(fsdp(2, "--data", tiny_data, *TINY, *EXACT_BUT_BATCHNORM, "--output-dir", out))
     return out
 
 
+@BATCHNORM_RUN
 def test_batchnorm_over_shards_differs_so_the_equivalence_check_can_fail(
     batchnorm_run, tiny_data, tmp_path
 ):
-    """BatchNorm normalizes each process's shard by its own statistics: 2 processes must differ from one,
-    by far more than PARAM_TOL, or the equivalence test above could not see a broken backend."""
+    """BatchNorm normalizes each process's shard by its own statistics: 2 processes must differ from
+    one, by far more than PARAM_TOL, or the equivalence test above could not see a broken
+    backend."""
     run(
         launch_cmd("python", 1, "distributed.py")
         + ["--data", tiny_data, *TINY, *EXACT_BUT_BATCHNORM, "--output-dir", str(tmp_path / "bn1")]
@@ -190,11 +201,13 @@ def test_batchnorm_over_shards_differs_so_the_equivalence_check_can_fail(
     assert max_param_diff(params(str(tmp_path / "bn1")), params(batchnorm_run)) > 1e-3
 
 
+@BATCHNORM_RUN
 def test_compiled_fsdp_trains_like_eager_and_evaluates(batchnorm_run, tiny_data, tmp_path):
-    """--compile: FSDP's hooks cut the compiled model at every group, each block's frame compiled for its own
-    shapes. BatchNorm's running statistics, whose sizes differ from block to block, once made Dynamo compile them
-    for dynamic shapes, which Inductor failed on in the first backward. float64, so that a reordered sum stays far
-    below PARAM_TOL; compiling takes a few minutes on 2 busy cores."""
+    """--compile: FSDP's hooks cut the compiled model at every group, each block's frame compiled
+    for its own shapes. BatchNorm's running statistics, whose sizes differ from block to block, once
+    made Dynamo compile them for dynamic shapes, which Inductor failed on in the first backward.
+    float64, so that a reordered sum stays far below PARAM_TOL; compiling takes a few minutes on 2
+    busy cores."""
     out = str(tmp_path / "compiled")
     p = run(
         fsdp(2, "--data", tiny_data, *TINY, *EXACT_BUT_BATCHNORM, "--compile", "--output-dir", out),
@@ -210,9 +223,10 @@ def test_compiled_fsdp_trains_like_eager_and_evaluates(batchnorm_run, tiny_data,
 def test_validation_pads_the_process_with_a_batch_fewer_and_counts_each_image_once(
     reference, tiny_data, tmp_path
 ):
-    """-b 4 over 2 processes: rank 0 validates 51 images in 26 batches of 2, rank 1 50 in 25, and forwards an
-    empty batch 26th, since FSDP's forward gathers parameters from every process. The one-process reference's
-    checkpoint evaluates to its Acc@1, each of the 101 images counted once."""
+    """-b 4 over 2 processes: rank 0 validates 51 images in 26 batches of 2, rank 1 50 in 25, and
+    forwards an empty batch 26th, since FSDP's forward gathers parameters from every process. The
+    one-process reference's checkpoint evaluates to its Acc@1, each of the 101 images counted
+    once."""
     assert (-(-51 // 2), -(-50 // 2)) == (26, 25)
     batch4 = [a for a in TINY if a not in ("-b", "12")] + ["-b", "4"]
     assert len(batch4) == len(TINY)
@@ -248,15 +262,16 @@ def arch_runs(tmp_path_factory):
     }
 
 
+@ARCH_RUNS
 @pytest.mark.parametrize("arch", ARCHS)
 def test_any_architecture_is_sharded_in_groups_of_at_most_a_tenth_and_trains_as_one_process(
     arch_runs, arch
 ):
-    """Every parameter in one group, none over a tenth of the parameters but one that no rule could split (vgg's
-    25088 x 4096 Linear, a 3x3 convolution of ResNet-18's last block), as distribute()'s line says. In fp32 one
-    step gives the gradients and weights of one unsharded process exactly (measured: equal to the bit); in bf16
-    every parameter with a gradient in fp32 gets one. The checkpoint, fp32, loads into a plain model (strictly, in
-    the worker)."""
+    """Every parameter in one group, none over a tenth of the parameters but one that no rule could
+    split (vgg's 25088 x 4096 Linear, a 3x3 convolution of ResNet-18's last block), as
+    distribute()'s line says. In fp32 one step gives the gradients and weights of one unsharded
+    process exactly (measured: equal to the bit); in bf16 every parameter with a gradient in fp32
+    gets one. The checkpoint, fp32, loads into a plain model (strictly, in the worker)."""
     for amp in ("off", "bf16"):
         r = arch_runs[arch, amp]
         total, sizes = r["n_params"], [size for _, size, _ in r["groups"]]
@@ -274,15 +289,19 @@ def test_any_architecture_is_sharded_in_groups_of_at_most_a_tenth_and_trains_as_
         fp32["gradient_error"],
         fp32["weight_error"],
     )
-    # at 32 px BatchNorm sees 2 values per channel in the last stages: fp32 leaves rounding residues of ~1e-8
-    # of the largest gradient where the exact gradient is 0, which bf16 may round to 0
+    # at 32 px BatchNorm sees 2 values per channel in the last stages: fp32 leaves rounding residues
+    # of ~1e-8 of the largest gradient where the exact gradient is 0, which bf16 may round to 0
     top = max(fp32["gradient"])
-    assert all(b > 0 for f, b in zip(fp32["gradient"], bf16["gradient"]) if f > 1e-6 * top)
+    assert all(
+        b > 0 for f, b in zip(fp32["gradient"], bf16["gradient"], strict=True) if f > 1e-6 * top
+    )
 
 
+@ARCH_RUNS
 def test_vit_and_googlenet_get_block_groups_not_one_root_group(arch_runs):
-    """The groups once came only from nn.Sequential children: vit_b_16's root group held 99% of its parameters
-    (all gathered at once), googlenet got none. Now the largest is one encoder layer, or one inception block's."""
+    """The groups once came only from nn.Sequential children: vit_b_16's root group held 99% of its
+    parameters (all gathered at once), googlenet got none. Now the largest is one encoder layer, or
+    one inception block's."""
     vit = arch_runs["vit_b_16", "off"]
     name, size = max(((names[0], size) for names, size, _ in vit["groups"]), key=lambda g: g[1])
     assert name.startswith("encoder.layers.encoder_layer_") and size < 0.09 * vit["n_params"]
@@ -295,10 +314,11 @@ def test_vit_and_googlenet_get_block_groups_not_one_root_group(arch_runs):
 def test_bf16_policy_trains_with_batchnorm_and_its_checkpoint_evaluates_alike_in_distributed_py(
     tiny_data, tmp_path
 ):
-    """--amp bf16 with BatchNorm and channels_last (on by default with --amp): bf16 weights in BatchNorm fail
-    against its fp32 running statistics, and FSDP takes no channels_last parameters; both are handled. The
-    model is shufflenet_v2_x1_0, which failed at start in bf16 (a norm layer directly in an nn.Sequential
-    sharded twice); distributed.py --evaluate gives its checkpoint the Acc@1 FSDP measured."""
+    """--amp bf16 with BatchNorm and channels_last (on by default with --amp): bf16 weights in
+    BatchNorm fail against its fp32 running statistics, and FSDP takes no channels_last parameters;
+    both are handled. The model is shufflenet_v2_x1_0, which failed at start in bf16 (a norm layer
+    directly in an nn.Sequential sharded twice); distributed.py --evaluate gives its checkpoint the
+    Acc@1 FSDP measured."""
     args = ["--data", tiny_data, *TINY, "-a", "shufflenet_v2_x1_0", "--amp", "bf16"]
     p = run(fsdp(2, *args, "--output-dir", str(tmp_path / "fsdp")))
     assert re.search(
@@ -333,9 +353,9 @@ def test_bf16_policy_trains_with_batchnorm_and_its_checkpoint_evaluates_alike_in
 
 
 def test_fsdp_memory_tool_measures_half_the_training_state_per_process_at_two(tmp_path):
-    """tools/fsdp_memory.py runs the scripts' own init_distributed/distribute/forward in torchrun processes:
-    at 2 processes, FSDP's parameters + gradients + momentum per process are about half of DDP's, and the
-    report names FSDP's groups as distribute() made them."""
+    """tools/fsdp_memory.py runs the scripts' own init_distributed/distribute/forward in torchrun
+    processes: at 2 processes, FSDP's parameters + gradients + momentum per process are about half
+    of DDP's, and the report names FSDP's groups as distribute() made them."""
     out = tmp_path / "memory.json"
     p = run(
         [

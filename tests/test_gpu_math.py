@@ -5,7 +5,8 @@ gloo; DataParallel and the CUDA prefetcher of apex_distributed.py change nothing
 2 processes is the BatchNorm of one. A few minutes on one GPU."""
 
 import pytest
-from conftest import (
+from gpu_helpers import FP64, GPU, GPU_EXACT, gpu_run, slurm_tasks, trained_on_gpu
+from helpers import (
     PARAM_TOL,
     PY,
     launch_cmd,
@@ -16,7 +17,6 @@ from conftest import (
     script,
     torchrun,
 )
-from gpu_helpers import FP64, GPU, GPU_EXACT, gpu_run, slurm_tasks, trained_on_gpu
 
 pytestmark = GPU
 

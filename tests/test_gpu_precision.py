@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torchvision
-from conftest import PY, TINY, metrics, once, script, torchrun
 from gpu_helpers import DEMO_VAL, DEVICE, GPU, gpu_demo, gpu_run, trained_on_gpu
+from helpers import PY, TINY, metrics, once, script, torchrun
 
 pytestmark = GPU
 

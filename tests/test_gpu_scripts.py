@@ -6,7 +6,6 @@ import os
 import subprocess
 
 import pytest
-from conftest import BIN, PY, ROOT, metrics, missing_backend, script, torchrun
 from gpu_helpers import (
     DEMO_VAL,
     GPU,
@@ -17,6 +16,7 @@ from gpu_helpers import (
     slurm_tasks,
     trained_on_gpu,
 )
+from helpers import BIN, PY, ROOT, metrics, missing_backend, script, torchrun
 
 pytestmark = GPU
 

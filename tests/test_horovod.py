@@ -2,7 +2,7 @@
 
 These tests start real Horovod jobs (gloo controller, CPU) on the tiny data set and compare
 them with a single-process `python distributed.py` reference run with the same arguments
-(conftest's `reference`). They need Horovod: without it they fail and say how to install it,
+(the `reference` fixture). They need Horovod: without it they fail and say how to install it,
 unless ALLOW_MISSING_BACKENDS=1 is set (and CI=true is not), in which case they are skipped
 with that reason.
 """
@@ -10,64 +10,27 @@ with that reason.
 import math
 import os
 import re
-import sys
 
 import pytest
-from conftest import (
+from helpers import (
     EXACT,
     PARAM_TOL,
     PY,
     TINY,
+    default_horovod_run,
     env,
+    horovodrun,
     max_param_diff,
     metrics,
-    missing_backend,
     once,
     params,
     run,
     script,
 )
 
-HOROVODRUN = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "horovodrun")
 # Float32 parameters after 4 SGD steps differ only by the rounding of differently ordered
 # sums: measured 1e-7 (2 processes) and 4e-7 (3 processes); BatchNorm would differ by ~0.6.
 TRAIN_IMAGES, VAL_IMAGES = 48, 101
-
-
-def require_horovod():
-    """Fails the calling test (or skips it, explicitly, with ALLOW_MISSING_BACKENDS=1) when
-    horovodrun or horovod.torch is missing."""
-    problem = None
-    if not os.path.isfile(HOROVODRUN):
-        problem = f"{HOROVODRUN} does not exist"
-    else:
-        try:
-            import horovod.torch  # noqa: F401
-        except ImportError as e:
-            problem = f"horovod.torch cannot be imported ({e})"
-    if problem:
-        missing_backend(
-            f"Horovod is not installed: {problem}; run `bash tools/install-horovod.sh`",
-            "the Horovod tests",
-        )
-
-
-def horovodrun(nproc, args, out):
-    require_horovod()
-    cmd = [
-        HOROVODRUN,
-        "-np",
-        str(nproc),
-        "-H",
-        f"localhost:{nproc}",
-        "--gloo",
-        os.path.abspath(sys.executable),
-        script("horovod_distributed.py"),
-        *args,
-        "--output-dir",
-        str(out),
-    ]
-    return run(cmd)
 
 
 def exact_horovod_training(nproc, tiny_data, tmp_path_factory):
@@ -99,17 +62,6 @@ def reference_evaluation(tiny_data):
     return once("horovod_reference_evaluation", make)
 
 
-def default_horovod_run(tiny_data):
-    """horovodrun -np 2 on the default path: BatchNorm, augmentation, and gradients sent as fp16. Made once per
-    session: test_parallel_math.py's validation test evaluates its checkpoint."""
-
-    def make(out):
-        horovodrun(2, ["--data", tiny_data, *TINY, "--seed", "4", "--fp16-allreduce"], out)
-        return out
-
-    return once("horovod_default", make)
-
-
 def test_horovodrun_2_processes_trains_and_writes_metrics(tiny_data):
     out = default_horovod_run(tiny_data)
     (m,) = metrics(out)
@@ -129,7 +81,8 @@ def test_training_gives_the_single_process_parameters(
     assert diff < PARAM_TOL, f"horovodrun -np {nproc} differs from one process by {diff:.3g}"
     m, r = metrics(out)[-1], metrics(reference)[-1]
     assert m["world_size"] == nproc
-    # validation: each of the 101 images once (34 + 34 + 33 at 3 processes), to the one process's figures
+    # validation: each of the 101 images once (34 + 34 + 33 at 3 processes), to the one process's
+    # figures
     assert (m["val_images"], m["val_acc1"], m["val_acc5"]) == (
         VAL_IMAGES,
         r["val_acc1"],
@@ -246,12 +199,14 @@ def install_horovod_dry_run(tmp_path, *flags, gpus=0, **extra):
 
 
 def nccl_wheel():
-    """The nvidia-nccl-cu* wheel torch depends on (its include/ and lib/), or a failure saying so."""
+    """The nvidia-nccl-cu* wheel torch depends on (its include/ and lib/), or a failure saying
+    so."""
     import torch
 
     if not torch.version.cuda:
         pytest.fail(
-            f"torch {torch.__version__} is a CPU build: it has no NCCL wheel to build Horovod against",
+            f"torch {torch.__version__} is a CPU build: "
+            "it has no NCCL wheel to build Horovod against",
             pytrace=False,
         )
     import nvidia.nccl
@@ -268,7 +223,8 @@ def test_install_horovod_builds_nccl_from_torchs_nccl_wheel_on_gpu_machines(tmp_
     assert os.path.isfile(os.path.join(config["HOROVOD_NCCL_INCLUDE"], "nccl.h"))
     assert config["HOROVOD_NCCL_LIB"].startswith(str(tmp_path / "cache"))
     assert config["HOROVOD_NCCL_LINK"] == "SHARED"
-    # CUDA kernels only for the architectures this torch supports (nvcc 12+ rejects Horovod's default sm_35)
+    # CUDA kernels only for the architectures this torch supports (nvcc 12+ rejects Horovod's
+    # default sm_35)
     import torch
 
     archs = [a[3:] for a in torch.cuda.get_arch_list() if a.startswith("sm_")]

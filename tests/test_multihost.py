@@ -7,18 +7,18 @@ meet over the bridge, by name, as on two machines: a master address that resolve
 a store bound to 127.0.0.1 or gloo on the loopback interface would fail here.
 
 Each multi-node run must end with the parameters of one process (`python distributed.py`, float64,
-conftest.EXACT) and count every validation image once; the fault runs cut a host's link or kill
+helpers.EXACT) and count every validation image once; the fault runs cut a host's link or kill
 all of a host's processes mid-epoch, and then the other host must give up within --dist-timeout
 with one line saying why, and the job resumed from its checkpoint must end where an
 uninterrupted run ends.
 
-All runs are independent and mostly wait on each other, so the first test that needs one starts
-them all (Runs) and each test waits for its own; the one-process reference is conftest's, made
-once for the whole session.
-Needs root (namespaces; the Slurm part reconfigures the local cluster of tools/slurm-local.sh to
-two nodes and puts the one-node cluster back): without root these tests skip, saying so (with
-CI=true they fail). The hosts and the cluster are one per machine: this file runs in the "cluster"
-group, holds the hosts' lock while it runs and the cluster's, exclusive, while it has two nodes.
+All runs are independent and mostly wait on each other, so the first test that needs one starts them
+all (Runs) and each test waits for its own; the one-process reference is helpers.reference_run, made
+once for the whole session. Needs root (namespaces; the Slurm part reconfigures the local cluster of
+tools/slurm-local.sh to two nodes and puts the one-node cluster back): without root these tests
+skip, saying so (with CI=true they fail). The hosts and the cluster are one per machine: this file
+runs in the "cluster" group, holds the hosts' lock while it runs and the cluster's, exclusive, while
+it has two nodes.
 """
 
 import concurrent.futures
@@ -33,7 +33,7 @@ import threading
 import time
 
 import pytest
-from conftest import (
+from helpers import (
     BIN,
     CLUSTER,
     EXACT,
@@ -154,7 +154,7 @@ class Result:
     def report(self):
         return f"{self.name}: exit {self.rcs} after {self.seconds:.0f} s\n" + "\n".join(
             f"--- {n.host}: {' '.join(n.cmd)}\n{log[-3000:]}"
-            for n, log in zip(self.nodes, self.logs)
+            for n, log in zip(self.nodes, self.logs, strict=True)
         )
 
     def check(self):
@@ -305,8 +305,8 @@ class Runs:
         return run_nodes("spawn", cmds, out)
 
     def horovod(self):
-        """horovodrun on node0 starts node1's rank through ssh: an sshd in each host, with a host key
-        and a client key made here, for root, on a port of the hosts' own."""
+        """horovodrun on node0 starts node1's rank through ssh: an sshd in each host, with a host
+        key and a client key made here, for root, on a port of the hosts' own."""
         if not os.path.isfile(HOROVODRUN):
             pytest.fail(
                 f"{HOROVODRUN} does not exist: run `bash tools/install-horovod.sh`", pytrace=False
@@ -320,8 +320,8 @@ class Runs:
         (ssh / "authorized_keys").write_text((ssh / "client_key.pub").read_text())
         (ssh / "sshd_config").write_text(
             f"Port 2222\nHostKey {ssh / 'host_key'}\nAuthorizedKeysFile {ssh / 'authorized_keys'}\n"
-            "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-            "UsePAM no\nLogLevel ERROR\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\nLogLevel ERROR\n"
             "StrictModes no\n"
         )  # the keys are in a private folder under the world-writable /tmp
         # horovodrun's ssh accepts unknown host keys; this keeps them out of root's known_hosts
@@ -442,9 +442,9 @@ class Runs:
         return self._fault("kill")
 
     def _fault(self, kind):
-        """torchrun on two hosts; at FAULT_AT node2 is cut off (its link down: node2 serves this run only)
-        or node1 loses every process of the job;
-        then the same job, resumed from the checkpoint on both hosts."""
+        """torchrun on two hosts; at FAULT_AT node2 is cut off (its link down: node2 serves this run
+        only) or node1 loses every process of the job; then the same job, resumed from the
+        checkpoint on both hosts."""
         out, hosts = self.out(f"fault_{kind}"), CUT_HOSTS if kind == "cut" else HOSTS
         cmds = torchrun_nodes(
             f"fault_{kind}",
@@ -579,9 +579,9 @@ def test_hosts_tool_is_idempotent(hosts):
 
 
 def test_hosts_tool_says_in_one_line_when_not_root():
-    """Run as another user (root drops to nobody; anyone else runs it as themselves). The checkout may
-    be unreadable to nobody (a clone under a 0700 home), so the tool runs from a copy in a folder
-    everyone can read, as a user's own copy would."""
+    """Run as another user (root drops to nobody; anyone else runs it as themselves). The checkout
+    may be unreadable to nobody (a clone under a 0700 home), so the tool runs from a copy in a
+    folder everyone can read, as a user's own copy would."""
     with tempfile.TemporaryDirectory(
         prefix="hosts-not-root-", dir="/tmp"
     ) as d:  # not $TMPDIR: may be private
@@ -660,7 +660,7 @@ def test_a_lost_host_ends_the_job_in_bounded_time_and_the_resumed_job_matches(ru
     survivors = (
         faulted.nodes if kind == "cut" else faulted.nodes[:1]
     )  # a cut-off host is a survivor too
-    for node, rc, exit_s in zip(faulted.nodes, faulted.rcs, faulted.info["exit_s"]):
+    for node, rc, exit_s in zip(faulted.nodes, faulted.rcs, faulted.info["exit_s"], strict=True):
         if node not in survivors:
             continue
         assert rc not in (0, "timeout"), faulted.report()  # it failed, it did not hang

@@ -1,10 +1,11 @@
-"""The network benchmark (start.sh --hosts N --link RATES): links shaped with tc between test hosts, the
-all-reduce benchmark, and the scaling model.
+"""The network benchmark (start.sh --hosts N --link RATES): links shaped with tc between test hosts,
+the all-reduce benchmark, and the scaling model.
 
-The shaped runs need root (tools/hosts.sh makes network namespaces) and are skipped, naming the reason,
-without it. They use a model with small gradients (squeezenet1_1, 2.9 MB), 32 px images and 4 steps,
-so that a 20 Mbit/s link makes a step last about a second and the runs stay short; their hosts (nbt0,
-nbt1 on 10.213.10.0/24) are apart from tests/test_multihost.py's and from start.sh's default ones.
+The shaped runs need root (tools/hosts.sh makes network namespaces) and are skipped, naming the
+reason, without it. They use a model with small gradients (squeezenet1_1, 2.9 MB), 32 px images and
+4 steps, so that a 20 Mbit/s link makes a step last about a second and the runs stay short; their
+hosts (nbt0, nbt1 on 10.213.10.0/24) are apart from tests/test_multihost.py's and from start.sh's
+default ones.
 """
 
 import csv
@@ -14,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BIN, CLUSTER, PY, ROOT, env, error_lines, needs_root, run
+from helpers import BIN, CLUSTER, PY, ROOT, env, error_lines, needs_root, run
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import scaling_model  # noqa: E402
@@ -35,7 +36,8 @@ SMALL = dict(
 
 
 def network_bench(out, links, rows, steps=4, batch=8):
-    """start.sh --hosts 2 at the given links and rows; returns ({(row, rate): csv row}, the report's text)."""
+    """start.sh --hosts 2 at the given links and rows; returns ({(row, rate): csv row}, the report's
+    text)."""
     p = run(
         [
             "bash",
@@ -75,7 +77,8 @@ def root():
 
 @pytest.fixture
 def other_hosts():  # (only with root: needs_root comes first in the test's fixtures)
-    """Another set of test hosts, as tests/test_multihost.py makes: the benchmark's must leave it alone."""
+    """Another set of test hosts, as tests/test_multihost.py makes: the benchmark's must leave it
+    alone."""
     e = env(HOSTS_PREFIX="nbc", HOSTS_NET="10.213.11")
     run(["bash", HOSTS_SH, "up", "1"], env=e, timeout=60)
     yield e
@@ -94,8 +97,9 @@ def test_slow_link_lowers_images_per_s_compression_raises_them_and_the_model_pre
     assert "distributed.py has no --no-such-option" in table[(unknown, SLOW)]["note"]
     slow, one = table[("distributed", SLOW)], table[("distributed", "1 host")]
     assert slow["status"] == one["status"] == "ok", table
-    # each step all-reduces 2.9 MB, about 1.2 s at 20 Mbit/s, against a step of ~0.1 s in one process: two hosts
-    # over the slow link train fewer images a second than one process alone, a large effect
+    # each step all-reduces 2.9 MB, about 1.2 s at 20 Mbit/s, against a step of ~0.1 s in one
+    # process: two hosts over the slow link train fewer images a second than one process alone, a
+    # large effect
     assert float(slow["images_per_s"]) < float(one["images_per_s"]), (slow, one)
     # half the bytes on a link that takes nearly all the step: close to 2x, and well above 1.3x
     bf16 = table[(compressed, SLOW)]
@@ -125,8 +129,8 @@ def test_slow_link_lowers_images_per_s_compression_raises_them_and_the_model_pre
 
 
 def test_a_row_is_a_backend_plus_script_arguments():
-    """What each tag of a row adds to the script's command line (netbench.sh's parse_row), and accumK's
-    global batch: K x BATCH, so that each process's micro-batch stays BATCH / hosts."""
+    """What each tag of a row adds to the script's command line (netbench.sh's parse_row), and
+    accumK's global batch: K x BATCH, so that each process's micro-batch stays BATCH / hosts."""
     show = (
         'source tools/netbench.sh; for row in "$@"; do parse_row "$row"; '
         'echo "$R_SCRIPT $R_K ${R_ARGS[*]}"; done'
@@ -237,9 +241,10 @@ def test_allreduce_bench_outside_torchrun_says_so_in_one_line():
 
 
 def test_the_models_buckets_are_ddps():
-    """The gradients of the profile come in DDP's own buckets (read from DDP after its rebuild); the model's
-    bucketing of a given model, which has no DDP to ask, must make the same buckets from the parameters in
-    reverse order, DDP's assumed order, for these models whose forward runs in definition order."""
+    """The gradients of the profile come in DDP's own buckets (read from DDP after its rebuild); the
+    model's bucketing of a given model, which has no DDP to ask, must make the same buckets from the
+    parameters in reverse order, DDP's assumed order, for these models whose forward runs in
+    definition order."""
     code = f"""
 import json, sys, torch, torch.distributed as dist, torchvision
 sys.path.insert(0, {os.path.join(ROOT, "tools")!r})
@@ -248,7 +253,8 @@ dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 for arch in ("resnet18", "resnet50"):
     m = torchvision.models.get_model(arch, num_classes=10)
     d = torch.nn.parallel.DistributedDataParallel(m)
-    for _ in range(3):  # DDP rebuilds its buckets in the second iteration and logs them in the third
+    # DDP rebuilds its buckets in the second iteration and logs them in the third
+    for _ in range(3):
         d(torch.randn(2, 3, 32, 32)).sum().backward()
     sizes = [p.numel() * 4 for p in m.parameters()]
     rev = list(range(len(sizes)))[::-1]
@@ -263,9 +269,9 @@ for arch in ("resnet18", "resnet50"):
 
 
 def test_the_model_hides_what_overlaps_and_scales_compression_and_accumulation():
-    """A profile whose gradients are ready early: the all-reduces hide behind the backward pass on a fast
-    link; on a slow one the step is the link's time; bf16 halves the bytes; 4 micro-batches carry 4x the
-    images over the same all-reduces."""
+    """A profile whose gradients are ready early: the all-reduces hide behind the backward pass on a
+    fast link; on a slow one the step is the link's time; bf16 halves the bytes; 4 micro-batches
+    carry 4x the images over the same all-reduces."""
     mb = 1e6
     prof = dict(
         forward_s=0.1,

@@ -1,21 +1,22 @@
 """Data parallelism is exact: every launcher trains the model one process would train.
 
-The averaged gradient of W equal shards is the gradient of the whole batch, so W
-processes with the same global batch, seed and data order must end with the same
-parameters as one process, up to float summation order; and the validation at the end of the
-epoch counts each of the 101 images once, however the processes share them (34 + 34 + 33 over 3),
-to the one process's Acc@1 and loss. These tests start the real processes (gloo, CPU) and compare
-the checkpoints and metrics with conftest's `reference`: one process, made once for the whole session.
+The averaged gradient of W equal shards is the gradient of the whole batch, so W processes with the
+same global batch, seed and data order must end with the same parameters as one process, up to float
+summation order; and the validation at the end of the epoch counts each of the 101 images once,
+however the processes share them (34 + 34 + 33 over 3), to the one process's Acc@1 and loss. These
+tests start the real processes (gloo, CPU) and compare the checkpoints and metrics with the
+`reference` fixture: one process, made once for the whole session.
 """
 
 import os
 
 import pytest
-from conftest import (
+from helpers import (
     EXACT,
     PARAM_TOL,
     PY,
     TINY,
+    default_horovod_run,
     launch_cmd,
     max_param_diff,
     metrics,
@@ -30,7 +31,8 @@ DEFAULT = [*TINY, "--seed", "4"]
 
 
 def default_run(tiny_data):
-    """torchrun, 2 processes, DEFAULT: made once per session (same_seed and the validation test read it)."""
+    """torchrun, 2 processes, DEFAULT: made once per session (same_seed and the validation test read
+    it)."""
 
     def make(out):
         run(
@@ -45,7 +47,8 @@ def default_run(tiny_data):
 @pytest.mark.parametrize(
     "kind,nproc,name,extra",
     [
-        # 2 processes accumulating 2 micro-batches a step (DDP's no_sync) train what one process trains on whole batches
+        # 2 processes accumulating 2 micro-batches a step (DDP's no_sync) train what one process
+        # trains on whole batches
         ("torchrun", 2, "distributed.py", ["--accum-steps", "2"]),
         ("torchrun", 3, "distributed.py", []),
         ("launch", 2, "distributed.py", []),
@@ -66,7 +69,8 @@ def test_training_gives_the_single_process_parameters(
     got, one = metrics(str(tmp_path))[-1], metrics(reference)[-1]
     assert got["world_size"] == nproc
     assert max_param_diff(params(reference), params(str(tmp_path))) < PARAM_TOL
-    # validation: each image once (shares of 101 are uneven at 3), summed to the one process's figures
+    # validation: each image once (shares of 101 are uneven at 3), summed to the one process's
+    # figures
     assert got["val_images"] == one["val_images"] == 101
     assert (got["val_acc1"], got["val_acc5"]) == (one["val_acc1"], one["val_acc5"])
     assert got["val_loss"] == pytest.approx(one["val_loss"], rel=1e-5)
@@ -76,7 +80,7 @@ def test_two_torchrun_nodes_train_one_model(reference, tiny_data, tmp_path):
     """Two `torchrun --nnodes=2` agents on this machine, c10d rendezvous on 127.0.0.1."""
     import subprocess
 
-    from conftest import BIN, env, free_port
+    from helpers import BIN, env, free_port
 
     port = free_port()
     nodes = []
@@ -118,10 +122,11 @@ def test_two_torchrun_nodes_train_one_model(reference, tiny_data, tmp_path):
 
 
 def test_two_spawn_nodes_train_one_model(reference, tiny_data, tmp_path):
-    """multiprocessing_distributed.py's multi-node form: --world-size nodes, --rank node, --dist-url."""
+    """multiprocessing_distributed.py's multi-node form: --world-size nodes, --rank node,
+    --dist-url."""
     import subprocess
 
-    from conftest import env, free_port
+    from helpers import env, free_port
 
     url = f"tcp://127.0.0.1:{free_port()}"
     nodes = [
@@ -158,7 +163,8 @@ def test_two_spawn_nodes_train_one_model(reference, tiny_data, tmp_path):
 
 
 def test_plain_batchnorm_does_differ_so_the_check_is_not_vacuous(tiny_data, tmp_path):
-    """BatchNorm normalises each process's shard with its own statistics: not the one-process model."""
+    """BatchNorm normalises each process's shard with its own statistics: not the one-process
+    model."""
     args = ["--data", tiny_data, *TINY, "--no-augment", "--seed", "3"]
     run(launch_cmd("python", 1, "distributed.py") + args + ["--output-dir", str(tmp_path / "one")])
     run(
@@ -191,13 +197,11 @@ def test_validation_during_training_equals_evaluating_the_checkpoint_anywhere(
     tiny_data, tmp_path, kind
 ):
     """With BatchNorm each process's running statistics drift apart; they are averaged before
-    validation, so the epoch's Acc@1 is that of the saved model, evaluated by another world size (one
-    process; the equivalence runs above validate at 2 and 3)."""
+    validation, so the epoch's Acc@1 is that of the saved model, evaluated by another world size
+    (one process; the equivalence runs above validate at 2 and 3)."""
     if (
         kind == "horovodrun"
     ):  # (its gradients sent as fp16, as Horovod's default-path test has them)
-        from test_horovod import default_horovod_run
-
         train_out = default_horovod_run(tiny_data)
     else:
         train_out = default_run(tiny_data)

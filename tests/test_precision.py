@@ -14,7 +14,7 @@ import os
 
 import pytest
 import torch
-from conftest import PY, ROOT, TINY, env, error_lines, metrics, run, script
+from helpers import PY, ROOT, TINY, env, error_lines, metrics, run, script
 
 AVX2_ONLY = dict(ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2")
 
@@ -238,11 +238,11 @@ def test_auto_on_gpus_picks_bf16_from_ampere_on_and_fp16_with_a_scaler_before(
 
 
 def test_fp16_step_that_overflows_first_leaves_the_momentum_untouched(apex):
-    """GradScaler skips a step whose gradients overflow: routine on the first steps of fp16 training,
-    while it lowers its scale. A fused SGD creates its momentum buffers uninitialized on that first
-    step and returns without writing them, so the next step read garbage. The scripts therefore
-    build SGD unfused under fp16's GradScaler; here the optimizer they build for CUDA runs on CPU,
-    which has the same fused kernel."""
+    """GradScaler skips a step whose gradients overflow: routine on the first steps of fp16
+    training, while it lowers its scale. A fused SGD creates its momentum buffers uninitialized on
+    that first step and returns without writing them, so the next step read garbage. The scripts
+    therefore build SGD unfused under fp16's GradScaler; here the optimizer they build for CUDA runs
+    on CPU, which has the same fused kernel."""
 
     def train(optimizer_of):
         torch.manual_seed(0)
@@ -268,7 +268,7 @@ def test_fp16_step_that_overflows_first_leaves_the_momentum_untouched(apex):
             m.parameters(), 0.1, momentum=0.9, weight_decay=1e-4, foreach=False
         )
     )  # the textbook loop, parameter by parameter
-    for p, q in zip(scripts_model.parameters(), reference.parameters()):
+    for p, q in zip(scripts_model.parameters(), reference.parameters(), strict=True):
         assert torch.isfinite(p).all() and (p - q).abs().max() < 1e-6
     for state in optimizer.state.values():
         assert (

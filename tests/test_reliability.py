@@ -5,7 +5,6 @@ Real processes on CPU (gloo). Crashes are SIGKILLs of one worker process, found 
 training log; times are measured from the kill.
 """
 
-import contextlib
 import os
 import pathlib
 import random
@@ -19,19 +18,21 @@ import time
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     BIN,
     PY,
     ROOT,
     env,
     error_lines,
     free_port,
+    kill_all,
     max_param_diff,
     once,
     params,
     run,
     script,
     torchrun,
+    workers,
 )
 
 # 48 training images in a global batch of 4: 12 steps per epoch, a log line per step.
@@ -61,28 +62,6 @@ def teardown_module():
         sys.__stdout__.write(
             "\nreliability figures: " + ", ".join(f"{k} {v:g}" for k, v in FIGURES.items()) + "\n"
         )
-
-
-def workers(launcher_pid, name):
-    """{rank: pid} of the launcher's child processes that run `name`."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != launcher_pid:
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if name.encode() not in f.read():
-                    continue
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-            found[int(environ[b"RANK"])] = int(entry)
-        except (OSError, ValueError, KeyError, IndexError):
-            continue  # gone meanwhile, or not a worker
-    return found
 
 
 def run_and_kill(cmd, rank, at=KILL_AT, timeout=240, **env_extra):
@@ -124,20 +103,6 @@ def run_and_kill(cmd, rank, at=KILL_AT, timeout=240, **env_extra):
     return rc, [(t - t_kill, line) for t, line in lines], t_exit - t_kill
 
 
-def kill_all(p, tag):
-    """SIGKILLs the launcher's process group and every process whose command line holds `tag`
-    (torchrun puts each worker in a session of its own)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(p.pid, signal.SIGKILL)
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if tag.encode() in f.read():
-                    os.kill(int(entry), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            pass
-
-
 def train_cmd(tiny_data, out, *extra, nproc=2, launcher=()):
     return torchrun(nproc, *launcher) + [
         script("distributed.py"),
@@ -150,7 +115,7 @@ def train_cmd(tiny_data, out, *extra, nproc=2, launcher=()):
     ]
 
 
-# The runs that several tests read are made once per session (conftest.once), whichever worker
+# The runs that several tests read are made once per session (helpers.once), whichever worker
 # runs the first of them; a test that writes into one works on a copy.
 
 
@@ -352,9 +317,10 @@ def test_torchrun_ends_the_job_soon_after_a_rank_dies(killed_run):
 
 
 def test_back_to_back_launches_on_one_port_all_succeed(tiny_data, tmp_path):
-    """A port freed by one job is usable by the next one at once: 2 launches in a row on the same port."""
+    """A port freed by one job is usable by the next one at once: 2 launches in a row on the same
+    port."""
     port = free_port()
-    for i in range(2):
+    for _ in range(2):
         run(
             [
                 os.path.join(BIN, "torchrun"),
@@ -418,8 +384,8 @@ def test_checkpoint_killed_while_being_written_leaves_the_previous_one_loadable(
     )
     rng = random.Random(0)
     next_i, killed_mid_write = 0, 0
-    # a killed writer leaves its temporary file, named after the host: the next save on the host replaces it,
-    # so however many writers die, there is at most one temporary file per checkpoint
+    # a killed writer leaves its temporary file, named after the host: the next save on the host
+    # replaces it, so however many writers die, there is at most one temporary file per checkpoint
     temporary = {
         f"{n}.tmp-{socket.gethostname()}" for n in ("checkpoint.pth.tar", "model_best.pth.tar")
     }
@@ -431,7 +397,9 @@ def test_checkpoint_killed_while_being_written_leaves_the_previous_one_loadable(
             saved = [int(p.stdout.readline().split()[1])]  # wait for one complete save
             if kill % 2:  # at a random moment
                 time.sleep(rng.uniform(0, 0.4))
-            else:  # while a temporary file is being written (model_best's hard link leaves a short window)
+            else:
+                # while a temporary file is being written (model_best's hard link leaves a short
+                # window)
                 deadline = time.monotonic() + 10
                 while (
                     not any(".tmp-" in n for n in os.listdir(out)) and time.monotonic() < deadline

@@ -5,47 +5,27 @@ Local torchrun runs (gloo, CPU); tests/test_slurm_requeue.py does the same throu
 """
 
 import os
-import signal
-import subprocess
 
 import pytest
 import torch
-from conftest import EXACT, PARAM_TOL, PY, ROOT, env, max_param_diff, params, run, script, torchrun
-from test_reliability import kill_all, workers
+from helpers import (
+    EXACT,
+    PARAM_TOL,
+    PY,
+    ROOT,
+    max_param_diff,
+    params,
+    run,
+    script,
+    stop_one_rank,
+    torchrun,
+)
 
 # 48 images, global batch 8: 6 steps; the stop flag is reduced on print steps 0, 2, 4 and 5
 STOP_ARGS = ["--image-size", "32", "-j", "0", "-b", "8", "--epochs", "1", "-p", "2", *EXACT]
 
 
-def stop_one_rank(cmd, rank, at="Epoch [0][1/", timeout=240):
-    """Runs `cmd` and sends SIGUSR1 to worker `rank` alone when the log shows `at`; returns (status, log)."""
-    p = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-        env=env(),
-        start_new_session=True,
-    )
-    lines, sent = [], False
-    try:
-        for line in p.stdout:
-            lines.append(line)
-            if not sent and at in line:
-                os.kill(
-                    workers(p.pid, os.path.basename(cmd[cmd.index("--data") - 1]))[rank],
-                    signal.SIGUSR1,
-                )
-                sent = True
-        rc = p.wait(timeout=timeout)
-    finally:
-        kill_all(p, cmd[cmd.index("--output-dir") + 1])
-    assert sent, "".join(lines)
-    return rc, "".join(lines)
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def uninterrupted(tiny_data, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("uninterrupted"))
     run(
@@ -103,7 +83,8 @@ class Indices(torch.utils.data.Dataset):
 
 
 def global_steps(n, world_size, batch, start, steps=None, epoch=0):
-    """The samples of each step of an epoch, over all processes, as the scripts' loaders give them."""
+    """The samples of each step of an epoch, over all processes, as the scripts' loaders give
+    them."""
     import argparse
 
     import distributed
@@ -156,15 +137,17 @@ def test_stopped_epoch_resumed_with_another_global_batch_trains_each_sample_once
     for step in first + rest:
         assert sorted(step) == sorted(order[done : done + len(step)])
         done += len(step)
-    # the same steps as the interrupted run's processes trained them: the shards of a step make its batch
+    # the same steps as the interrupted run's processes trained them: the shards of a step make its
+    # batch
     assert global_steps(n, *before, start=0, steps=3) == first
 
 
 def test_run_stopped_mid_epoch_resumes_with_half_the_processes_at_the_sample_it_stopped(
     tiny_data, tmp_path
 ):
-    """torchrun, 2 processes of 4 samples each, stopped by SIGUSR1; resumed by one process of 4 samples:
-    the resumed run starts at the recorded sample and trains the rest of the epoch in steps of 4."""
+    """torchrun, 2 processes of 4 samples each, stopped by SIGUSR1; resumed by one process of 4
+    samples: the resumed run starts at the recorded sample and trains the rest of the epoch in steps
+    of 4."""
     out = str(tmp_path)
     cmd = torchrun(2) + [
         script("distributed.py"),

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import PY, ROOT, SCRIPTS, TINY, env, error_lines, launch_cmd, metrics, run, script
+from helpers import PY, ROOT, SCRIPTS, TINY, env, error_lines, launch_cmd, metrics, run, script
 
 REQUIRED_FIELDS = {
     "script",
@@ -220,7 +220,8 @@ def test_numeric_options_are_checked_before_anything_starts(
     ],
 )
 def test_every_numeric_option_has_a_bound(tiny_data, tmp_path, flag, value, expected):
-    """The same check as above, in-process for the other options (a process per case would be slow)."""
+    """The same check as above, in-process for the other options (a process per case would be
+    slow)."""
     sys.path.insert(0, ROOT)
     import distributed
 
@@ -232,8 +233,8 @@ def test_every_numeric_option_has_a_bound(tiny_data, tmp_path, flag, value, expe
 
 
 def big_image(path, width, height):
-    """A real image file of width x height pixels that compresses to almost nothing, as a decompression
-    bomb does (one colour)."""
+    """A real image file of width x height pixels that compresses to almost nothing, as a
+    decompression bomb does (one colour)."""
     from PIL import Image
 
     Image.MAX_IMAGE_PIXELS = None  # PIL's own guard would refuse to make it
@@ -266,9 +267,9 @@ def test_image_over_the_pixel_limit_is_named_in_one_line_before_it_is_decoded(
 
 
 def test_image_headers_give_the_size_pil_reads(tiny_data, tmp_path, monkeypatch):
-    """The pixel bound reads JPEG and PNG headers itself: on every image of the demo set and on PNGs and
-    JPEGs of several kinds, a limit of exactly the image's pixels passes and one pixel less refuses it
-    by its width x height, so no image is refused by mistake."""
+    """The pixel bound reads JPEG and PNG headers itself: on every image of the demo set and on PNGs
+    and JPEGs of several kinds, a limit of exactly the image's pixels passes and one pixel less
+    refuses it by its width x height, so no image is refused by mistake."""
     from PIL import Image
 
     sys.path.insert(0, ROOT)
@@ -363,8 +364,8 @@ def test_the_shared_loop_and_each_script_stay_within_their_length():
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_scripts_import_nothing_of_this_project(name):
-    """Users copy one file: it may import the standard library, torch, torchvision (and PIL, which torchvision
-    installs), numpy and its own backend, nothing else."""
+    """Users copy one file: it may import the standard library, torch, torchvision (and PIL, which
+    torchvision installs), numpy and its own backend, nothing else."""
     allowed = set(sys.stdlib_module_names) | {
         "torch",
         "torchvision",

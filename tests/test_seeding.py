@@ -10,7 +10,7 @@ import shutil
 import sys
 
 import torch
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, ROOT)
 import distributed  # noqa: E402
@@ -67,7 +67,7 @@ def test_ranks_draw_different_augmentations_reproducibly(tiny_data, tmp_path):
 def test_processes_list_the_folders_themselves_or_read_the_index_made_beforehand(
     tiny_data, tmp_path
 ):
-    from conftest import PY, ROOT, TINY, launch_cmd, run
+    from helpers import PY, ROOT, TINY, launch_cmd, run
 
     data = tmp_path / "data"  # a fresh copy: no index yet
     shutil.copytree(tiny_data, data, ignore=shutil.ignore_patterns(".image-lists"))

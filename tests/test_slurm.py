@@ -3,7 +3,7 @@
 These tests submit real jobs to a Slurm cluster: on one machine, the one-node cluster of
 tools/slurm-local.sh (4 CPUs, so 4 tasks at most; EnforcePartLimits=ALL rejects larger
 requests at once). They compare the jobs with a single-process `python distributed.py` run
-on the tiny data set (conftest's `reference`). Without a usable cluster they fail and say how to
+on the tiny data set (the `reference` fixture). Without a usable cluster they fail and say how to
 start one, unless ALLOW_MISSING_BACKENDS=1 is set (and CI=true is not), in which case they are
 skipped with that reason; a user who is not root, and so cannot start one, skips them (CI=true
 fails them). The cluster is one per machine: these tests run in the "cluster" group and hold it,
@@ -18,7 +18,6 @@ over three.
 import concurrent.futures
 import math
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -26,7 +25,7 @@ import time
 import uuid
 
 import pytest
-from conftest import (
+from helpers import (
     CLUSTER,
     EXACT,
     PARAM_TOL,
@@ -37,13 +36,11 @@ from conftest import (
     free_port,
     max_param_diff,
     metrics,
-    missing_backend,
-    needs_root,
     params,
+    require_slurm,
     script,
 )
 
-SLURM_LOCAL = "bash tools/slurm-local.sh up"
 SBATCH_CPU = os.path.join(ROOT, "slurm", "train-cpu.sbatch")
 # Float32 parameters after 4 SGD steps differ only by the rounding of differently ordered
 # sums (measured 1.2e-7 for 2 and 3 processes); BatchNorm would differ by ~0.6.
@@ -53,52 +50,6 @@ JOB_TIMEOUT = 300  # seconds for any one command, queueing included; a hang show
 DIST = ["--dist-timeout", "120"]
 SCRIPT_ERROR = "distributed_slurm_main.py: error: "
 pytestmark = [CLUSTER, pytest.mark.usefixtures("slurm_cluster")]
-
-
-def slurm_problem(environ=None):
-    """Why the cluster cannot run the tests, or None."""
-    environ = dict(os.environ if environ is None else environ)
-    missing = [
-        c
-        for c in ("sinfo", "srun", "sbatch", "scontrol", "scancel")
-        if shutil.which(c, path=environ.get("PATH", "")) is None
-    ]
-    if missing:
-        return f"Slurm is not installed ({', '.join(missing)} not on PATH)"
-    try:
-        p = subprocess.run(
-            ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30, env=environ
-        )
-    except subprocess.TimeoutExpired:
-        return "sinfo did not answer within 30 s (slurmctld is not responding)"
-    states = p.stdout.split()
-    # sinfo appends a flag to the state: "*" not responding (unusable); "-" planned for a pending
-    # job by the backfill scheduler, as when this suite queues its jobs together; "~#!%$@^" power
-    # and maintenance flags
-    if p.returncode != 0 or not any(
-        s.rstrip("*~#!%$@^-") in ("idle", "mixed", "allocated", "completing")
-        and not s.endswith("*")
-        for s in states
-    ):
-        detail = (p.stderr.strip().splitlines() or [f"node states: {' '.join(states) or 'none'}"])[
-            -1
-        ]
-        return f"the Slurm cluster is down or has no usable node ({detail})"
-    return None
-
-
-def require_slurm(environ=None):
-    """Fails the calling test (or skips it, explicitly, with ALLOW_MISSING_BACKENDS=1) when no usable
-    Slurm cluster answers; skips it for a user who is not root, who cannot start one (conftest's
-    needs_root: under CI=true it fails)."""
-    problem = slurm_problem(environ)
-    if problem:
-        message = f"{problem}; run `{SLURM_LOCAL}`"
-        if os.geteuid() != 0:
-            needs_root(
-                f"a Slurm cluster, which dev/test.sh starts when run as root ({message} as root)"
-            )
-        missing_backend(message, "the Slurm tests")
 
 
 def node_cpus():
@@ -180,9 +131,9 @@ class Jobs:
         self.dist_dir = tmp / "rendezvous"
 
     def commands(self):
-        """name: (runner, CPUs it holds, command line), started in this order. The jobs with bad input
-        come first and hold their CPUs, so that each runs at once and its time is its own; the others
-        are then all submitted together and Slurm runs them as CPUs become free."""
+        """name: (runner, CPUs it holds, command line), started in this order. The jobs with bad
+        input come first and hold their CPUs, so that each runs at once and its time is its own; the
+        others are then all submitted together and Slurm runs them as CPUs become free."""
         d, o = ["--data", self.data, *TINY], self.out
         self.dist_dir.mkdir()
         wrapped = (
@@ -229,7 +180,8 @@ class Jobs:
                     str(self.dist_dir / "rdv"),
                 ],
             ),
-            # 2 tasks accumulating 2 micro-batches a step (DDP's no_sync): one process's parameters all the same
+            # 2 tasks accumulating 2 micro-batches a step (DDP's no_sync): one process's parameters
+            # all the same
             "n2": (
                 slurm_run,
                 0,
@@ -245,7 +197,8 @@ class Jobs:
         }
 
     def start(self, ticket, runner, cpus, cmd):
-        """Starts the job with this ticket after those before it, once the node has `cpus` CPUs free."""
+        """Starts the job with this ticket after those before it, once the node has `cpus` CPUs
+        free."""
         with self.cond:
             self.cond.wait_for(lambda: self.next_ticket == ticket and self.free >= cpus)
             self.next_ticket += 1
@@ -274,7 +227,8 @@ class Jobs:
         return self.futures[name].result(timeout=len(self.futures) * JOB_TIMEOUT)
 
     def cancel(self):
-        """Cancels the jobs still running (after pytest -x, say), so that pytest need not wait for them."""
+        """Cancels the jobs still running (after pytest -x, say), so that pytest need not wait for
+        them."""
         if self.futures and not all(f.done() for f in self.futures.values()):
             for name in self.names:
                 subprocess.run(["scancel", f"--name={name}"], timeout=30)
@@ -294,7 +248,8 @@ def jobs(tiny_data, reference, tmp_path_factory):
 
 
 def one_error_line(result):
-    """The script's error, said once, by one task; everything else on stderr is srun's own report."""
+    """The script's error, said once, by one task; everything else on stderr is srun's own
+    report."""
     assert result.returncode not in (0, "timeout"), (
         f"exited {result.returncode}\n{result.stderr[-3000:]}"
     )
@@ -331,7 +286,8 @@ def test_without_slurm_the_tests_fail_saying_how_to_start_a_cluster(monkeypatch,
         pytest.fail.Exception, match="not installed.*run `bash tools/slurm-local.sh up`.*CI=true"
     ):
         require_slurm(no_slurm)
-    # a user who is not root cannot start the local cluster: the tests skip, saying why, except in CI
+    # a user who is not root cannot start the local cluster: the tests skip, saying why, except in
+    # CI
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(pytest.fail.Exception, match="^needs root: a Slurm cluster.*CI=true"):
         require_slurm(no_slurm)
@@ -372,7 +328,8 @@ def test_srun_2_tasks_trains_and_writes_metrics(jobs):
 
 
 def test_with_the_cluster_down_the_tests_fail_saying_how_to_start_it(monkeypatch, tmp_path):
-    # a slurm.conf naming a port no slurmctld listens on: sinfo answers as with a stopped cluster (in ~9 s)
+    # a slurm.conf naming a port no slurmctld listens on: sinfo answers as with a stopped cluster
+    # (in ~9 s)
     conf = tmp_path / "slurm.conf"
     if not os.path.exists(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")):
         require_slurm()  # no cluster's configuration to start from
@@ -408,7 +365,8 @@ def test_training_gives_the_single_process_parameters(jobs, name, world_size):
     m, r = metrics(jobs.out[name])[-1], metrics(jobs.out["ref"])[-1]
     assert m["world_size"] == world_size
     assert m["train_loss"] == pytest.approx(r["train_loss"], rel=1e-5)
-    # validation: each of the 101 images once (shares of 34 + 34 + 33 at 3 tasks), to the one process's figures
+    # validation: each of the 101 images once (shares of 34 + 34 + 33 at 3 tasks), to the one
+    # process's figures
     assert (m["val_images"], m["val_acc1"], m["val_acc5"]) == (
         VAL_IMAGES,
         r["val_acc1"],

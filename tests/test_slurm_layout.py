@@ -1,8 +1,9 @@
-"""How distributed_slurm_main.py lays out processes on a GPU node, and what it says without Slurm's tools.
+"""How distributed_slurm_main.py lays out processes on a GPU node, and what it says without Slurm's
+tools.
 
 There is no GPU here: the GPU count is mocked (torch.cuda.device_count) and the launch functions are
-replaced by recorders, so these tests check the decision, not a run; tests/test_slurm.py runs the real
-jobs on CPUs.
+replaced by recorders, so these tests check the decision, not a run; tests/test_slurm.py runs the
+real jobs on CPUs.
 """
 
 import importlib.util
@@ -10,7 +11,7 @@ import signal
 import sys
 
 import pytest
-from conftest import PY, env, error_lines, run, script
+from helpers import PY, env, error_lines, run, script
 
 
 @pytest.fixture

@@ -24,8 +24,19 @@ import uuid
 
 import pytest
 import torch
-from conftest import CLUSTER, EXACT, PARAM_TOL, PY, ROOT, env, max_param_diff, params, run, script
-from test_slurm import require_slurm
+from helpers import (
+    CLUSTER,
+    EXACT,
+    PARAM_TOL,
+    PY,
+    ROOT,
+    env,
+    max_param_diff,
+    params,
+    require_slurm,
+    run,
+    script,
+)
 
 pytestmark = [CLUSTER, pytest.mark.usefixtures("slurm_cluster")]
 

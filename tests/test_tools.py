@@ -11,12 +11,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, env
+from helpers import ROOT, env
 
 
 def stand_in_venv(path, record):
     """A folder that looks like a virtual environment to dev/test.sh: its python accepts every
-    set-up call and, when asked to run pytest, records which `python` PATH finds and the arguments."""
+    set-up call and, when asked to run pytest, records which `python` PATH finds and the
+    arguments."""
     (path / "bin").mkdir(parents=True)
     (path / "pyvenv.cfg").write_text("home = /usr/bin\n")
     python = path / "bin" / "python"
@@ -35,7 +36,8 @@ def fake_bin(path):
     path.mkdir()
     for name, text in {
         "id": "#!/bin/sh\necho 1000\n",
-        "python3": '#!/bin/sh\necho "python3 $*: test.sh should not make an environment" >&2\nexit 1\n',
+        "python3": "#!/bin/sh\n"
+        'echo "python3 $*: test.sh should not make an environment" >&2\nexit 1\n',
     }.items():
         (path / name).write_text(text)
         (path / name).chmod(0o755)
@@ -63,19 +65,94 @@ def test_test_sh_puts_the_given_environment_first_on_path(tmp_path, how):
     assert p.returncode == 0, p.stdout + p.stderr
     lines = dict(line.split("=", 1) for line in record.read_text().splitlines())
     assert lines["python"] == f"{venv}/bin/python", lines
-    assert lines["args"].endswith("tests/test_tools.py -k nothing"), (
-        lines
-    )  # the named file only, not all of tests/
+    # 4 workers that keep each xdist_group together, the tests in conftest's order (see below), and
+    # the named file only, not all of tests/
+    assert lines["args"].endswith(
+        "-n 4 --dist loadgroup --no-loadscope-reorder tests/test_tools.py -k nothing"
+    ), lines
+
+
+# Two groups of four tests beside four ungrouped ones: handed out one by one, a group's tests would
+# land on several of the 3 workers
+SCHEDULED = """
+import os
+import pytest
+
+PAIR, CLUSTER = pytest.mark.xdist_group("pair"), pytest.mark.xdist_group("cluster")
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_free(i):
+    record(f"free{i}")
+
+
+@pytest.mark.parametrize("i", range(4))
+@PAIR
+def test_pair(i):
+    record(f"pair{i}")
+
+
+@pytest.mark.parametrize("i", range(4))
+@CLUSTER
+def test_cluster(i):
+    record(f"cluster{i}")
+
+
+def record(name):
+    with open(os.environ["RECORD"], "a") as f:
+        f.write(f"{os.environ['PYTEST_XDIST_WORKER']} {name}\\n")
+"""
+
+
+def test_each_xdist_group_runs_on_one_worker_and_the_cluster_group_starts_first(tmp_path):
+    """What the suite relies on pytest-xdist for (with the arguments dev/test.sh passes, above):
+    a group's tests (the Slurm cluster's, a module fixture's) on one worker, one after another, and
+    the order conftest.py sorts them in, the cluster group first. pytest 9.2 with pytest-xdist 3.8
+    spread every test to any worker (requirements-dev.txt pins pytest below 9.2)."""
+    (tmp_path / "test_scheduled.py").write_text(SCHEDULED)
+    record = tmp_path / "record.txt"
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "conftest",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "3",
+            "--dist",
+            "loadgroup",
+            "--no-loadscope-reorder",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_scheduled.py"),
+        ],
+        cwd=tmp_path,
+        env=env(PYTHONPATH=os.path.join(ROOT, "tests"), RECORD=str(record)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0 and "12 passed" in p.stdout, p.stdout + p.stderr
+    ran = [line.split() for line in record.read_text().splitlines()]
+    by_worker = {w: [name for worker, name in ran if worker == w] for w, _ in ran}
+    for group in ("pair", "cluster"):
+        workers = {w for w, names in by_worker.items() if any(n.startswith(group) for n in names)}
+        assert len(workers) == 1, by_worker
+    (first,) = (names for names in by_worker.values() if names[0].startswith("cluster"))
+    assert first[:4] == [f"cluster{i}" for i in range(4)], by_worker
 
 
 NEEDS_ROOT = """
 import os
-import conftest
+import helpers
 os.geteuid = lambda: 1000  # a user who is not root
 
 
 def test_mounts_a_tmpfs():
-    conftest.needs_root("mounting a tmpfs")
+    helpers.needs_root("mounting a tmpfs")
 
 
 def test_needs_nothing():
