@@ -26,6 +26,7 @@ import csv
 import datetime
 import functools
 import json
+import math
 import os
 import platform
 import re
