@@ -72,6 +72,26 @@ def test_test_sh_puts_the_given_environment_first_on_path(tmp_path, how):
     ), lines
 
 
+def test_test_sh_with_m_gpu_runs_the_gpu_tests_without_cluster_or_test_hosts(tmp_path):
+    """`bash dev/test.sh -m gpu` on a GPU node: the marker reaches pytest, and neither the Slurm
+    cluster nor the test hosts, which only CPU tests use, are set up (not even looked for)."""
+    record = tmp_path / "pytest-call.txt"
+    stand_in_venv(tmp_path / "venv", record)
+    bin_dir = fake_bin(tmp_path / "bin")
+    p = subprocess.run(
+        ["bash", os.path.join(ROOT, "dev", "test.sh"), "-m", "gpu"],
+        cwd=ROOT,
+        env=env(VENV=str(tmp_path / "venv"), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    args = dict(line.split("=", 1) for line in record.read_text().splitlines())["args"]
+    assert args.endswith("--no-loadscope-reorder tests -m gpu"), args
+    assert "test hosts" not in p.stderr and "Slurm cluster" not in p.stderr, p.stderr
+
+
 # Two groups of four tests beside four ungrouped ones: handed out one by one, a group's tests would
 # land on several of the 3 workers
 SCHEDULED = """
