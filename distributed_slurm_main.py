@@ -58,7 +58,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 SCRIPT = os.path.basename(__file__)
 
 
-# ---- shared: options (copied from distributed.py; tools/sync_shared.py keeps copies equal) ----
+# ---- shared: options (copied from distributed.py; dev/sync_shared.py keeps copies equal) ----
 class UserError(Exception):
     """Bad input: reported as one line and a non-zero exit, never a traceback."""
 
@@ -399,7 +399,7 @@ def fail(task, message):
 # ---- end backend ----
 
 
-# ---- shared: training (copied from distributed.py; tools/sync_shared.py keeps copies equal) ----
+# ---- shared: training (copied from distributed.py; dev/sync_shared.py keeps copies equal) ----
 ######## The loop: set-up, the epochs, train, validate, checkpoints ########
 
 # SIGUSR1 (Slurm's warning before a time limit or preemption) appends to it: all stop at one step

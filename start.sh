@@ -27,7 +27,7 @@ precision + channels_last where the hardware runs it natively, else fp32), fsdp 
 fsdp_distributed.py: FSDP2, each process holding 1/N of the parameters, gradients and momentum;
 tools/fsdp_memory.py measures the memory it saves), horovod (horovodrun, when horovod.torch
 imports), slurm (srun, when sinfo shows an idle node).
-Those that cannot run are listed with the reason. On CPU, tools/cpu_peak.py first measures
+Those that cannot run are listed with the reason. On CPU, the report tool first measures
 the matmul peak, for the MFU column.
 
 CPU (default without GPUs): ResNet-18, 224 px, global batch 32, demo JPEGs (data/demo,
@@ -84,7 +84,7 @@ Options and environment (flags win over environment):
   PYTHON (default: .venv/bin/python if present, else python3), TORCHRUN
   PEAK_TFLOPS   peak TFLOP/s of the hardware one run uses, in all, for the MFU column (default: on
                 GPUs, the dense bf16 tensor-core peak of the GPUs used, from a table by nvidia-smi
-                name, in tools/benchmark_report.py; on CPU, the matmul peak tools/cpu_peak.py
+                name, in tools/benchmark_report.py; on CPU, the matmul peak its cpu-peak
                 measures first, in the precision each run used)
 EOF
 }
@@ -327,7 +327,8 @@ if awk -v l="${LOAD_BEFORE%% *}" -v c="$CORES" 'BEGIN { exit !(l > c / 2) }'; th
          "will lower and skew images/s; the 'images per core-s' column is less sensitive to it" >&2
 fi
 if [[ $MODE == cpu ]]; then  # the CPU's capability and matmul peak at the runs' thread counts, for MFU
-    "$PYTHON" tools/cpu_peak.py --threads "$THREADS,$DP_THREADS" --json "$RUNS/cpu_peak.json" | sed "s/^/$PROG: /"
+    "$PYTHON" tools/benchmark_report.py cpu-peak --threads "$THREADS,$DP_THREADS" --json "$RUNS/cpu_peak.json" |
+        sed "s/^/$PROG: /"
 fi
 T0=$SECONDS
 

@@ -1,9 +1,11 @@
-"""One backward pass through a training script's own distribute(), under torchrun or horovodrun, with each
---grad-compression the script offers: rank 0 saves the averaged gradients of each, and the average of the
-processes' gradient magnitudes, for tests/test_batch_scaling.py to compare.
+"""One backward pass through a training script's own distribute(), under torchrun or horovodrun,
+with each --grad-compression the script offers: rank 0 saves the averaged gradients of each, and
+the average of the processes' gradient magnitudes, for tests/test_batch_scaling.py to compare.
 
-    torchrun --standalone --nproc_per_node=2 tests/compression_worker.py distributed.py OUT.pt none fp16 bf16
-    horovodrun -np 2 -H localhost:2 python tests/compression_worker.py horovod_distributed.py OUT.pt none fp16
+    torchrun --standalone --nproc_per_node=2 tests/compression_worker.py distributed.py OUT.pt \
+        none fp16 bf16
+    horovodrun -np 2 -H localhost:2 python tests/compression_worker.py horovod_distributed.py \
+        OUT.pt none fp16
 """
 
 import importlib

@@ -2,7 +2,7 @@
 tiny settings, shared runs, locks) is in helpers.py, whose docstring says how a new test stays
 correct and fast in parallel.
 
-The suite runs with pytest-xdist's `--dist loadgroup` (tools/test.sh passes it, with
+The suite runs with pytest-xdist's `--dist loadgroup` (dev/test.sh passes it, with
 `--no-loadscope-reorder`): tests with the same xdist_group mark run on one worker, one after
 another, and the tests go out in the order pytest_collection_modifyitems leaves them in.
 """
@@ -66,7 +66,7 @@ def pytest_configure(config):
     dist = config.getoption("dist", "no")  # absent with -p no:xdist
     if dist not in ("no", "loadgroup"):
         raise pytest.UsageError(
-            f"--dist {dist}: the suite runs with --dist loadgroup (tools/test.sh passes it), "
+            f"--dist {dist}: the suite runs with --dist loadgroup (dev/test.sh passes it), "
             "which keeps each xdist_group (the Slurm cluster's tests, a module's shared runs) on "
             "one worker"
         )
@@ -110,6 +110,6 @@ def pytest_terminal_summary(terminalreporter):
     if needing_root:
         terminalreporter.write_line(
             f"{len(needing_root)} test(s) skipped because they need root (reasons above, with "
-            "-rs): as root, `bash tools/test.sh` runs them too (CI=true makes them fail instead "
+            "-rs): as root, `bash dev/test.sh` runs them too (CI=true makes them fail instead "
             "of skipping)"
         )

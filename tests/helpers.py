@@ -6,7 +6,7 @@ checkpoints are real while the suite stays fast. A test file imports what it nee
 (`from helpers import TINY, run, script`); fixtures (tiny_data, reference, slurm_cluster) and the
 hooks that schedule the tests are in conftest.py.
 
-The suite runs in parallel: tools/test.sh starts pytest with 3 pytest-xdist workers and
+The suite runs in parallel: dev/test.sh starts pytest with 3 pytest-xdist workers and
 `--dist loadgroup`, which hands out the tests one by one, except that tests with the same
 xdist_group mark go to one worker, one after another. What a new test uses so that it stays
 correct, and fast, in parallel:
@@ -373,7 +373,7 @@ def require_slurm(environ=None):
         message = f"{problem}; run `{SLURM_LOCAL}`"
         if os.geteuid() != 0:
             needs_root(
-                f"a Slurm cluster, which tools/test.sh starts when run as root ({message} as root)"
+                f"a Slurm cluster, which dev/test.sh starts when run as root ({message} as root)"
             )
         missing_backend(message, "the Slurm tests")
 

@@ -4,6 +4,7 @@ running start.sh, never from these tests)."""
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ from PIL import Image
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import benchmark_report  # noqa: E402
-from model_flops import train_flops_per_image  # noqa: E402
+from benchmark_report import train_flops_per_image  # noqa: E402
 
 
 def test_statistics_samples_the_command_and_returns_its_exit_status(tmp_path):
@@ -472,3 +473,27 @@ def test_slurm_job_scripts_keep_every_gpu_of_a_node_visible():
     assert any(d.startswith("SBATCH --gpus-per-node=") for d in directives)
     assert not any("--gpus-per-task" in d or "--gres=gpu:1" in d for d in directives), directives
     assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in text
+
+
+def test_gpu_benchmark_times_the_scripts_step_and_a_plain_loop_on_batches_on_the_device(tmp_path):
+    """tools/gpu_benchmark.py on CPU (the device is the CPU here): every mode trains, and the report
+    gives its images/s, MFU against the measured matmul peak, and the ratio of the two loops."""
+    out = tmp_path / "benchmark-gpu.md"
+    tiny = ["-a", "resnet18", "--image-size", "16", "-b", "8", "--steps", "4", "--peak-size", "256"]
+    args = [*tiny, "--modes", "eager,tf32,reference", "--out", str(out)]
+    run([PY, os.path.join(ROOT, "tools", "gpu_benchmark.py"), *args], timeout=600)
+    rows = {}
+    for line in out.read_text().splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and cells[2].replace(".", "").isdigit():
+            rows[cells[0]] = cells
+    assert set(rows) == {"eager", "tf32", "reference"}, out.read_text()
+    assert rows["eager"][1] == rows["reference"][1] == "bf16" and rows["tf32"][1] == "fp32"
+    for mode, cells in rows.items():  # images/s, model TFLOP/s, MFU against the measured peak
+        assert float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[5]) > 0, (mode, cells)
+    ratio = re.search(r"- apex_distributed.py's step / the plain loop: ([\d.]+)x", out.read_text())
+    assert float(ratio.group(1)) == pytest.approx(
+        float(rows["eager"][2]) / float(rows["reference"][2]), rel=0.05
+    )
+    log = (tmp_path / "benchmark-gpu-runs" / "eager.log").read_text()
+    assert "Epoch [0][4/4]" in log and "batch 8 per process" in log, log[-2000:]

@@ -23,7 +23,7 @@ DEMO_COMMAND = (
     ".venv/bin/python tools/make_demo_data.py && "
     ".venv/bin/torchrun --nproc_per_node=2 distributed.py"
 )
-TEST_COMMAND = "bash tools/test.sh"
+TEST_COMMAND = "bash dev/test.sh"
 
 FENCE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1[^\n]*$", re.M | re.S)
 CODE_SPAN = re.compile(r"(`+)(?!`).+?(?<!`)\1(?!`)", re.S)

@@ -238,6 +238,8 @@ def test_install_horovod_stays_cpu_only_without_a_gpu_unless_told(tmp_path):
     out, config = install_horovod_dry_run(tmp_path, gpus=0)
     assert config["GPU_OPERATIONS"] == "none" and "HOROVOD_NCCL_LIB" not in config
     assert re.search(r"cache:\s+\S+-gloo\n", out), out
+    # CMake 4 refuses the cmake_minimum_required(2.8.12) of Horovod's bundled gloo without this
+    assert config["CMAKE_POLICY_VERSION_MINIMUM"] == "3.5", out
     # a login node without GPUs can build for the GPU nodes
     _, config = install_horovod_dry_run(tmp_path, "--nccl", gpus=0)
     assert config["GPU_OPERATIONS"] == "NCCL" and config["HOROVOD_NCCL_LINK"] == "SHARED"

@@ -334,7 +334,7 @@ class Runs:
         os.makedirs("/run/sshd", exist_ok=True)
         sshd = "/usr/sbin/sshd"
         assert os.path.isfile(sshd), (
-            f"{sshd} is missing: apt-get install openssh-server (tools/test.sh does)"
+            f"{sshd} is missing: apt-get install openssh-server (dev/test.sh does)"
         )
         for host in HOSTS:
             subprocess.run(

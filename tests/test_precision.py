@@ -92,7 +92,8 @@ def test_cpu_peak_tool_sees_what_the_scripts_see(tmp_path):
     run(
         [
             PY,
-            os.path.join(ROOT, "tools", "cpu_peak.py"),
+            os.path.join(ROOT, "tools", "benchmark_report.py"),
+            "cpu-peak",
             "--threads",
             "1",
             "--seconds",

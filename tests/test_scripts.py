@@ -102,20 +102,20 @@ def test_old_style_local_rank_flag_is_accepted(tiny_data, tmp_path):
 
 
 def test_shared_blocks_are_identical_copies_of_distributed_py():
-    p = run([PY, os.path.join(ROOT, "tools", "sync_shared.py"), "--check"], check=False)
+    p = run([PY, os.path.join(ROOT, "dev", "sync_shared.py"), "--check"], check=False)
     assert p.returncode == 0, p.stderr
 
 
 def test_copy_check_names_the_script_and_block_that_drifted(tmp_path):
     for name in SCRIPTS:
         shutil.copy(script(name), tmp_path / name)
-    os.makedirs(tmp_path / "tools")
-    shutil.copy(os.path.join(ROOT, "tools", "sync_shared.py"), tmp_path / "tools")
+    os.makedirs(tmp_path / "dev")
+    shutil.copy(os.path.join(ROOT, "dev", "sync_shared.py"), tmp_path / "dev")
     text = (tmp_path / "apex_distributed.py").read_text()
     (tmp_path / "apex_distributed.py").write_text(
         text.replace("model.train()", "model.train()  # drift", 1)
     )
-    p = run([PY, str(tmp_path / "tools" / "sync_shared.py"), "--check"], check=False)
+    p = run([PY, str(tmp_path / "dev" / "sync_shared.py"), "--check"], check=False)
     assert p.returncode == 1
     assert "apex_distributed.py: shared block 'training' differs" in p.stderr
     assert "horovod_distributed.py" not in p.stderr

@@ -294,7 +294,7 @@ def test_without_slurm_the_tests_fail_saying_how_to_start_a_cluster(monkeypatch,
     monkeypatch.delenv("CI")
     with pytest.raises(
         pytest.skip.Exception,
-        match="^needs root: a Slurm cluster, which tools/test.sh starts when "
+        match="^needs root: a Slurm cluster, which dev/test.sh starts when "
         "run as root .*not installed.*slurm-local.sh up",
     ):
         require_slurm(no_slurm)

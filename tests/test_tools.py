@@ -1,4 +1,4 @@
-"""tools/test.sh runs the suite with the environment it is given, wherever that lives.
+"""dev/test.sh runs the suite with the environment it is given, wherever that lives.
 
 The tests start programs by name (torchrun, horovodrun, python3 through start.sh), so the
 environment's bin folder must come first on PATH for an absolute VENV as for a relative one.
@@ -15,7 +15,7 @@ from helpers import ROOT, env
 
 
 def stand_in_venv(path, record):
-    """A folder that looks like a virtual environment to tools/test.sh: its python accepts every
+    """A folder that looks like a virtual environment to dev/test.sh: its python accepts every
     set-up call and, when asked to run pytest, records which `python` PATH finds and the
     arguments."""
     (path / "bin").mkdir(parents=True)
@@ -55,7 +55,7 @@ def test_test_sh_puts_the_given_environment_first_on_path(tmp_path, how):
         (str(venv), ROOT) if how == "absolute" else (os.path.join("envs", "torch"), tmp_path)
     )
     p = subprocess.run(
-        ["bash", os.path.join(ROOT, "tools", "test.sh"), "tests/test_tools.py", "-k", "nothing"],
+        ["bash", os.path.join(ROOT, "dev", "test.sh"), "tests/test_tools.py", "-k", "nothing"],
         cwd=cwd,
         env=env(VENV=given, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", TEST_WORKERS=""),
         capture_output=True,
@@ -70,6 +70,26 @@ def test_test_sh_puts_the_given_environment_first_on_path(tmp_path, how):
     assert lines["args"].endswith(
         "-n 3 --dist loadgroup --no-loadscope-reorder tests/test_tools.py -k nothing"
     ), lines
+
+
+def test_test_sh_with_m_gpu_runs_the_gpu_tests_without_cluster_or_test_hosts(tmp_path):
+    """`bash dev/test.sh -m gpu` on a GPU node: the marker reaches pytest, and neither the Slurm
+    cluster nor the test hosts, which only CPU tests use, are set up (not even looked for)."""
+    record = tmp_path / "pytest-call.txt"
+    stand_in_venv(tmp_path / "venv", record)
+    bin_dir = fake_bin(tmp_path / "bin")
+    p = subprocess.run(
+        ["bash", os.path.join(ROOT, "dev", "test.sh"), "-m", "gpu"],
+        cwd=ROOT,
+        env=env(VENV=str(tmp_path / "venv"), PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    args = dict(line.split("=", 1) for line in record.read_text().splitlines())["args"]
+    assert args.endswith("--no-loadscope-reorder tests -m gpu"), args
+    assert "test hosts" not in p.stderr and "Slurm cluster" not in p.stderr, p.stderr
 
 
 # Two groups of four tests beside four ungrouped ones: handed out one by one, a group's tests would
@@ -105,7 +125,7 @@ def record(name):
 
 
 def test_each_xdist_group_runs_on_one_worker_and_the_cluster_group_starts_first(tmp_path):
-    """What the suite relies on pytest-xdist for (with the arguments tools/test.sh passes, above):
+    """What the suite relies on pytest-xdist for (with the arguments dev/test.sh passes, above):
     a group's tests (the Slurm cluster's, a module fixture's) on one worker, one after another, and
     the order conftest.py sorts them in, the cluster group first. pytest 9.2 with pytest-xdist 3.8
     spread every test to any worker (requirements-dev.txt pins pytest below 9.2)."""
@@ -199,6 +219,4 @@ def test_a_test_that_needs_root_skips_for_other_users_saying_how_to_run_it_and_f
             line.startswith("SKIPPED [1]") and line.endswith(": needs root: mounting a tmpfs")
             for line in p.stdout.splitlines()
         ), p.stdout
-        assert len(summary) == 1 and "as root, `bash tools/test.sh` runs them" in summary[0], (
-            p.stdout
-        )
+        assert len(summary) == 1 and "as root, `bash dev/test.sh` runs them" in summary[0], p.stdout

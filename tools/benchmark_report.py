@@ -1,30 +1,30 @@
 #!/usr/bin/env python3
-"""Summarise a start.sh benchmark: results/benchmark.{csv,md,png} from the runs' files.
+"""The benchmark's report: results/benchmark.{csv,md,png} from start.sh's runs.
 
     python tools/benchmark_report.py --results results --command "bash start.sh" --wall 412
+    python tools/benchmark_report.py cpu-peak --threads 1,2 --json results/runs/cpu_peak.json
+    python tools/benchmark_report.py --network --hosts 2 --batch 16 ...   # start.sh --hosts N
 
-Reads RESULTS/runs/manifest.tsv (one line per backend, written by start.sh: name, label,
-status ok/failed/skipped, processes, threads per process, gpus, exit status, wall seconds,
-command or reason) and for each run RESULTS/runs/NAME/metrics.jsonl (rank 0's per-epoch
-records) and RESULTS/runs/NAME/stats.csv (statistics.sh samples). Only the standard
-library and PIL (which torchvision brings) are needed: no matplotlib; torch and torchvision
-for the FLOPs count (without them the report leaves the TFLOP/s and MFU columns blank).
-Commands are reported as a user types them in the checkout: `.venv/bin/python distributed.py
---output-dir results/runs/distributed`, not this machine's absolute paths.
+Reads RESULTS/runs/manifest.tsv (a line per backend, written by start.sh: name, label, status
+ok/failed/skipped, processes, threads per process, GPUs, exit status, wall seconds, command or
+reason) and each run's RESULTS/runs/NAME/metrics.jsonl (rank 0's epochs) and stats.csv
+(statistics.sh's samples). matplotlib draws the chart. Commands are shown as a user types them
+in the checkout: `.venv/bin/python distributed.py`, not this machine's absolute paths.
 
-MFU (model FLOPs utilization), as nanoGPT reports it: train_tflops = images/s x training
-FLOPs per image (forward + backward, counted by tools/model_flops.py for --arch at
---image-size) / 1e12, all processes together; mfu_pct = 100 x train_tflops / peak, where the
-peak is PEAK_TFLOPS (--peak-tflops, the total for the run) or, for GPU runs, the sum over the
-GPUs used of GPU_PEAK_TFLOPS for their nvidia-smi names. On CPU the peak is measured:
-start.sh runs tools/cpu_peak.py first (RESULTS/runs/cpu_peak.json: the CPU's capability and
-its matmul GFLOP/s per thread count in fp32 and, where native, bf16), and a run of P
-processes x T threads in precision X is measured against P x peak_X(T).
+MFU (model FLOPs utilization), as nanoGPT counts it: images/s x the training FLOPs of an image,
+over the peak of the hardware the run used. The FLOPs are counted by torch's FlopCounterMode
+(convolutions and matrix products, 2 FLOPs a multiply-add; norms, activations and the loss are
+under 1% of a ResNet). A backward pass costs twice its forward, less the first convolution's
+input gradient, which autograd skips: ResNet-18 at 224 px trains at 3 x 3.63 - 0.24 = 10.65
+GFLOPs an image. The peak is PEAK_TFLOPS (the run's total), else the GPUs' dense bf16 figure
+(GPU_PEAK_TFLOPS), else on CPU the matmul peak `cpu-peak` measured before the runs: P processes
+x T threads in precision X against P x peak_X(T).
 """
 
 import argparse
 import csv
 import datetime
+import functools
 import glob
 import json
 import math
@@ -35,13 +35,13 @@ import shlex
 import statistics
 import subprocess
 import sys
+import textwrap
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from model_flops import train_flops_per_image  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# (name of the run under test, name of the baseline, minimum ratio, what it checks). The
-# mixed-precision bar depends on the hardware: where bf16 (or fp16 on GPUs) runs natively,
-# --amp auto must pay off; elsewhere it picks fp32 and must merely cost nothing.
+# (run under test, baseline, minimum ratio, what it checks). The mixed-precision bar depends on the
+# hardware: where bf16 (or fp16 on GPUs) runs natively, --amp auto must pay off; elsewhere it picks
+# fp32 and must merely cost nothing.
 AMP_BAR_NATIVE, AMP_BAR_OTHER = 1.8, 0.95
 BARS = {
     "amp": (
@@ -59,14 +59,10 @@ BARS = {
 }
 DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
 
-# Peak TFLOP/s of one GPU for MFU: dense (no 2:4 sparsity) bf16/fp16 tensor-core figures
-# from NVIDIA's data sheets (the "with sparsity" figures are twice these), as nanoGPT uses
-# (312 for an A100). Runs in fp32 (the distributed and dataparallel backends) are measured
-# against the same peak, as in nanoGPT, so their MFU is low by design. Entries: (words found in
-# a row among the nvidia-smi name's words, upper-cased, split at anything but letters and digits,
-# TFLOP/s); the first match wins. Names containing NVL (H100
-# NVL, H200 NVL: lower clocks and power) match none: set PEAK_TFLOPS for those and any GPU
-# not listed.
+# Dense (no 2:4 sparsity) bf16 tensor-core TFLOP/s of one GPU, from NVIDIA's data sheets, as
+# nanoGPT uses (312 for an A100); fp32 runs are measured against it too, so their MFU is low by
+# design. (words found in a row among the nvidia-smi name's words, TFLOP/s); the first match wins.
+# NVL parts (H100 NVL, H200 NVL: lower clocks) match none: set PEAK_TFLOPS for those and others.
 GPU_PEAK_TFLOPS = [
     ("H100 PCIE", 756.0),
     ("H100 SXM", 989.0),
@@ -79,42 +75,172 @@ GPU_PEAK_TFLOPS = [
     ("V100", 125.0),  # SXM2; the V100 PCIe's figure is 112
 ]
 
-COLUMNS = [
-    "backend",
-    "launcher",
-    "status",
-    "processes",
-    "threads_per_process",
-    "gpus",
-    "images_per_s",
-    "train_tflops",
-    "mfu_pct",
-    "peak_tflops",
-    "epoch_time_s",
-    "val_acc1",
-    "peak_memory_rank0_mb",
-    "peak_rss_tree_mb",
-    "mean_util",
-    "util_kind",
-    "images_per_core_s",
-    "data_wait_pct",
-    "wall_s",
-    "note",
-]
-COLUMNS += ["loader_images_per_core_s", "loader_cores_needed"]
+# benchmark.csv's columns
+COLUMNS = """backend launcher status processes threads_per_process gpus images_per_s train_tflops
+mfu_pct peak_tflops epoch_time_s val_acc1 peak_memory_rank0_mb peak_rss_tree_mb mean_util util_kind
+images_per_core_s data_wait_pct wall_s note loader_images_per_core_s loader_cores_needed""".split()
+
+# ---- the model's FLOPs and the hardware's peak ----
 
 
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ABS_PATH = re.compile(
-    r"(?<![\w./:)-])/(?:\\.|[^\s'\"`\\])+"
-)  # an absolute path; backslash escapes (printf %q) kept
+@functools.cache
+def train_flops_per_image(arch, image_size, num_classes=1000):
+    """FLOPs of one forward and backward pass of torchvision's `arch` per image, counted on the
+    meta device (nothing is computed): a batch of 2, which keeps BatchNorm's training mode valid
+    where a feature map is 1 x 1. num_classes changes only the last layer (0.03% of ResNet-18)."""
+    import torch
+    import torchvision
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = torchvision.models.get_model(arch, num_classes=num_classes)
+        x = torch.randn(2, 3, image_size, image_size)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        out = model.train()(x)
+        out = out[0] if isinstance(out, tuple) else out  # models with auxiliary outputs
+        out.float().sum().backward()
+    return counter.get_total_flops() / 2
 
 
-def as_typed(text, root=CHECKOUT):
-    """`text` (a command line, a note) with the paths a user would type instead of this machine's:
-    a path inside the checkout relative to it (start.sh runs from there), and a program of a virtual
-    environment outside it as `.venv/bin/NAME`, where the README makes one. Other absolute paths are
-    the user's own choice (-o /scratch/..., DATA=/datasets/...) and stay."""
+def cpu_peak(thread_counts, seconds=1.0):
+    """The CPU's capability as the scripts' --amp auto sees it (distributed.py's cpu_bf16_support,
+    which honours ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA), and its matmul GFLOP/s at each
+    thread count: fp32, and bf16 where it is native (emulated bf16 is no peak to divide by)."""
+    import torch
+    from torch.utils import benchmark
+
+    sys.path.insert(0, ROOT)
+    from distributed import cpu_bf16_support
+
+    native_bf16, capability = cpu_bf16_support()
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    peaks = {}
+    precisions = (
+        {"fp32": torch.float32, "bf16": torch.bfloat16} if native_bf16 else {"fp32": torch.float32}
+    )
+    for name, dtype in precisions.items():
+        operands = dict(a=a.to(dtype), b=b.to(dtype))
+        for t in thread_counts:
+            timer = benchmark.Timer("torch.mm(a, b)", globals=operands, num_threads=t)
+            best = min(timer.blocked_autorange(min_run_time=seconds).times)
+            peaks.setdefault(name, {})[str(t)] = round(2 * 1024**3 / best / 1e9, 1)
+    method = "best block of torch.utils.benchmark's torch.mm 1024 x 1024 per thread count"
+    return dict(capability=capability, native_bf16=native_bf16, peak_gflops=peaks, method=method)
+
+
+def cpu_peak_main(argv):
+    p = argparse.ArgumentParser(prog="benchmark_report.py cpu-peak", description=cpu_peak.__doc__)
+    p.add_argument("--threads", default=str(os.cpu_count()), help="thread counts, comma-separated")
+    p.add_argument("--seconds", type=float, default=1.0, help="per precision and thread count")
+    p.add_argument("--json", help="also write the result here")
+    args = p.parse_args(argv)
+    counts = sorted({int(t) for t in args.threads.split(",") if t.isdigit() and int(t) > 0})
+    if not counts:
+        p.error(f"--threads wants positive numbers separated by commas, not {args.threads!r}")
+    peak = cpu_peak(counts, args.seconds)
+    print(f"CPU: {cpu_line(peak)}")
+    if args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(peak, f, indent=1)
+
+
+def cpu_line(cpu_peak):
+    """'AVX2, native bf16: no; measured matmul peak (...): fp32 95 GFLOP/s at 1 thread(s)'."""
+    peaks = "; ".join(
+        f"{dtype} " + ", ".join(f"{g:g} GFLOP/s at {t} thread(s)" for t, g in by.items())
+        for dtype, by in cpu_peak["peak_gflops"].items()
+    )
+    native = "yes" if cpu_peak["native_bf16"] else "no"
+    method = cpu_peak["method"]
+    return (
+        f"{cpu_peak['capability']}, native bf16: {native}; measured matmul peak ({method}): {peaks}"
+    )
+
+
+def gpu_peak_tflops(name):
+    """Dense bf16 peak TFLOP/s of one GPU from its nvidia-smi name; None when not in the table."""
+    words = re.findall(r"[A-Z0-9]+", name.upper())  # "NVIDIA A100-SXM4-80GB": NVIDIA A100 SXM4 80GB
+
+    def holds(key):  # the key's words, in a row: "A100" is in "A100-SXM4", not in "RTX A1000"
+        k = key.split()
+        return any(words[i : i + len(k)] == k for i in range(len(words)))
+
+    if "NVL" not in words:
+        return next((peak for key, peak in GPU_PEAK_TFLOPS if holds(key)), None)
+
+
+def nvidia_smi_gpus():
+    """{index: name, uuid: name} of this machine's GPUs; {} without nvidia-smi."""
+    query = ["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    gpus = {}
+    for line in out.splitlines():
+        index, uuid, name = ([x.strip() for x in line.split(",", 2)] + ["", ""])[:3]
+        if name:
+            gpus[index] = gpus[uuid] = name
+    return gpus
+
+
+def run_peak(row, peak_tflops=None, gpu_names=None, cpu_peak=None):
+    """(peak TFLOP/s of the hardware the run used, or None; a few words on where it comes from)."""
+    if peak_tflops:
+        return peak_tflops, f"PEAK_TFLOPS={peak_tflops:g}"
+    used = [g.strip() for g in str(row.get("gpus") or "").split(",") if g.strip() not in ("", "-")]
+    if used:
+        names = [(gpu_names or {}).get(g) for g in used]
+        if None in names:
+            return None, f"GPU {used[names.index(None)]} not listed by nvidia-smi"
+        if None in map(gpu_peak_tflops, names):
+            return None, f"no peak known for {next(n for n in names if not gpu_peak_tflops(n))}"
+        kinds = ", ".join(f"{names.count(n)} x {n} ({gpu_peak_tflops(n):g})" for n in set(names))
+        total = sum(map(gpu_peak_tflops, names))
+        return total, f"{kinds} = {total:g} TFLOP/s dense bf16"
+    if not cpu_peak:
+        return None, "CPU run: no measured peak (start.sh measures it first)"
+    precision = "bf16" if row.get("amp") == "bf16" else "fp32"
+    by_threads = cpu_peak["peak_gflops"].get(precision)
+    threads, procs = str(row.get("threads_per_process")), str(row.get("processes") or "1")
+    if not by_threads:
+        return None, f"CPU run in {precision}: not native on this CPU ({cpu_peak['capability']})"
+    if not procs.isdigit() or threads not in by_threads:
+        return None, f"CPU run: no peak measured at {threads} thread(s)"
+    peak = int(procs) * by_threads[threads] / 1000
+    source = f"{procs} x {by_threads[threads]:g} GFLOP/s measured {precision} matmul"
+    return peak, f"CPU: {source} at {threads} thread(s)"
+
+
+def add_mfu(rows, flops_per_image, peak_tflops=None, gpu_names=None, cpu_peak=None):
+    """Fills each row's train_tflops, mfu_pct, peak_tflops and peak_source; returns rows.
+    gpu_names: {nvidia-smi index or uuid: name}, asked of nvidia-smi when a row used GPUs."""
+    if gpu_names is None and not peak_tflops and any(uses_gpus(r) for r in rows):
+        gpu_names = nvidia_smi_gpus()
+    for r in rows:
+        r["peak_tflops"], r["peak_source"] = run_peak(r, peak_tflops, gpu_names, cpu_peak)
+        ips = r.get("images_per_s")
+        r["train_tflops"] = ips * flops_per_image / 1e12 if ips and flops_per_image else None
+        r["mfu_pct"] = None
+        if r["train_tflops"] and r["peak_tflops"]:
+            r["mfu_pct"] = 100 * r["train_tflops"] / r["peak_tflops"]
+    return rows
+
+
+def uses_gpus(row):
+    return str(row.get("gpus") or "-") not in ("", "-")
+
+
+# ---- the runs ----
+
+
+def as_typed(text, root=ROOT):
+    """`text` (a command line, a note) with the paths a user types instead of this machine's: a
+    path inside the checkout relative to it (start.sh runs from there), and a program of a virtual
+    environment outside it as `.venv/bin/NAME`, where the README makes one. Other absolute paths
+    are the user's own choice (-o /scratch/..., DATA=/datasets/...) and stay."""
     roots = {os.path.abspath(root), os.path.realpath(root)}
 
     def shorten(m):
@@ -125,7 +251,7 @@ def as_typed(text, root=CHECKOUT):
             if path.startswith(r + os.sep):
                 return quote(os.path.relpath(path, r))
         parts = path.split(os.sep)
-        for i in range(len(parts) - 1, 1, -1):  # the innermost virtual environment holding the path
+        for i in range(len(parts) - 1, 1, -1):  # the innermost virtual environment holding it
             if os.path.isfile(os.sep.join(parts[:i] + ["pyvenv.cfg"])):
                 return quote(os.path.join(".venv", *parts[i:]))
         return m.group(0)
@@ -133,32 +259,12 @@ def as_typed(text, root=CHECKOUT):
     return ABS_PATH.sub(shorten, text)
 
 
+# an absolute path, with the backslash escapes of printf %q
+ABS_PATH = re.compile(r"(?<![\w./:)-])/(?:\\.|[^\s'\"`\\])+")
+
+
 def quote(word):
     return word if re.fullmatch(r"[A-Za-z0-9_./,:=+@%-]+", word) else shlex.quote(word)
-
-
-def read_manifest(path):
-    rows = []
-    with open(path) as f:
-        for line in f:
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) < 9:
-                continue
-            name, label, status, procs, threads, gpus, rc, wall, cmd = parts[:9]
-            rows.append(
-                dict(
-                    name=name,
-                    label=label,
-                    status=status,
-                    processes=procs,
-                    threads=threads,
-                    gpus=gpus,
-                    rc=rc,
-                    wall=wall,
-                    command=cmd,
-                )
-            )
-    return rows
 
 
 def read_metrics(path):
@@ -169,83 +275,196 @@ def read_metrics(path):
 
 
 def read_stats(path, gpus):
-    """(mean utilization %, 'CPU% (1 core = 100)' or 'GPU util %', peak tree RSS MiB or None)."""
+    """(mean utilization %, 'CPU %' or 'GPU util %', peak RSS of the process tree or summed GPU
+    memory, MiB) from statistics.sh's samples; (None, "", None) without them."""
     if not os.path.isfile(path):
         return None, "", None
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f, skipinitialspace=True))
-    if not rows:
-        return None, "", None
-    if "cpu_percent" in rows[0]:
+    if rows and "cpu_percent" in rows[0]:
         cpu = [float(r["cpu_percent"]) for r in rows if r.get("cpu_percent")]
         rss = [float(r["rss_mb"]) for r in rows if r.get("rss_mb")]
-        return (statistics.mean(cpu) if cpu else None), "CPU %", (max(rss) if rss else None)
-    util_key = next((k for k in rows[0] if k.strip().startswith("utilization.gpu")), None)
-    mem_key = next((k for k in rows[0] if k.strip().startswith("memory.used")), None)
-    wanted = {g.strip() for g in gpus.split(",")} if gpus and gpus != "-" else None
-    util, mem = [], {}
+        return mean(cpu), "CPU %", max(rss, default=None)
+    if not rows:
+        return None, "", None
+    util_key = next((k for k in rows[0] if k.startswith("utilization.gpu")), None)
+    mem_key = next((k for k in rows[0] if k.startswith("memory.used")), None)
+    wanted = {g.strip() for g in gpus.split(",")} if gpus not in ("", "-") else None
+    util, memory = [], {}
     for r in rows:
         if wanted and r.get("index", "").strip() not in wanted:
             continue
-        try:
+        try:  # "37 %", "1234 MiB"; a sample cut short by the run's end is skipped
             util.append(float(r[util_key].split()[0]))
-            mem.setdefault(r["timestamp"], 0.0)
-            mem[r["timestamp"]] += float(r[mem_key].split()[0])
+            used = float(r[mem_key].split()[0])
         except (KeyError, ValueError, IndexError, AttributeError):
             continue
-    return (
-        (statistics.mean(util) if util else None),
-        "GPU util %",
-        (max(mem.values()) if mem else None),
-    )
+        memory[r["timestamp"]] = memory.get(r["timestamp"], 0.0) + used
+    return mean(util), "GPU util %", max(memory.values(), default=None)
 
 
-def read_cpu_peak(path):
-    """tools/cpu_peak.py's JSON (capability, native_bf16, peak_gflops), or None."""
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+def mean(values):
+    return statistics.mean(values) if values else None
 
 
-def cpu_line(cpu_peak):
-    """'AVX2, native bf16: no; measured matmul peak: fp32 95.0 GFLOP/s at 1 thread, 180 at 2', or ''."""
-    if not cpu_peak:
-        return ""
-    peaks = "; ".join(
-        f"{dtype} " + ", ".join(f"{g:g} GFLOP/s at {t} thread(s)" for t, g in by.items())
-        for dtype, by in cpu_peak["peak_gflops"].items()
-    )
-    return (
-        f"{cpu_peak['capability']}, native bf16: {'yes' if cpu_peak['native_bf16'] else 'no'}; "
-        f"measured matmul peak ({cpu_peak.get('method', 'torch.mm')}): {peaks}"
-    )
+def summarise(results):
+    """A row per backend of the manifest, with what its metrics and samples say."""
+    rows = []
+    with open(os.path.join(results, "runs", "manifest.tsv")) as f:
+        manifest = [line.rstrip("\n").split("\t") for line in f]
+    for name, label, status, procs, threads, gpus, rc, wall, command in (
+        m[:9] for m in manifest if len(m) >= 9
+    ):
+        run_dir = os.path.join(results, "runs", name)
+        metrics = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+        util, util_kind, peak_tree = read_stats(os.path.join(run_dir, "stats.csv"), gpus)
+        last = metrics[-1] if metrics else {}
+        row = dict(
+            backend=name,
+            launcher=label,
+            status=status,
+            processes=procs,
+            threads_per_process=threads,
+            gpus=gpus,
+            wall_s=wall,
+            images_per_s=last.get("train_images_per_s"),
+            epoch_time_s=last.get("epoch_time_s"),
+            val_acc1=last.get("val_acc1"),
+            peak_memory_rank0_mb=max((r.get("peak_memory_mb", 0) for r in metrics), default=None),
+            peak_rss_tree_mb=peak_tree,
+            mean_util=util,
+            util_kind=util_kind,
+            data_wait_pct=max((100 * r.get("data_wait_frac", 0) for r in metrics), default=None),
+            command=as_typed(command).strip(),
+            amp=last.get("amp"),
+            arch=last.get("arch"),
+            note="",
+        )
+        if status == "skipped":
+            row["note"] = as_typed(command)
+        elif status == "failed":
+            row["note"] = f"exit status {rc}; see runs/{name}/run.log"
+        elif not metrics:
+            row["status"], row["note"] = "failed", f"no metrics.jsonl; see runs/{name}/run.log"
+        row["images_per_core_s"] = None
+        if util and util_kind == "CPU %" and row["images_per_s"]:
+            row["images_per_core_s"] = row["images_per_s"] / (util / 100)
+        if name == "slurm" and util_kind == "CPU %":
+            # srun's tasks are children of slurmstepd, not of srun: the sampled tree is srun alone
+            row["mean_util"], row["peak_rss_tree_mb"], row["images_per_core_s"] = None, None, None
+            row["note"] = (
+                "CPU % / tree RSS not sampled: srun's tasks run under slurmd, outside srun's "
+                "process tree"
+            )
+        rows.append(row)
+    return rows
+
+
+def add_loader(rows, loader_ips):
+    """loader_ips: JPEGs one loader process decodes and augments per CPU second
+    (tools/loader_bench.py --quick on the run's data); loader cores needed: a run's images/s over
+    it."""
+    for r in rows:
+        r["loader_images_per_core_s"] = loader_ips
+        r["loader_cores_needed"] = None
+        if loader_ips and r.get("images_per_s") and r["status"] == "ok":
+            r["loader_cores_needed"] = r["images_per_s"] / loader_ips
+    return rows
+
+
+def model_of(rows, arch=None, image_size=None):
+    """(arch, image size) of the runs: as given, else what their metrics and commands say (else
+    the scripts' default of 224 px)."""
+    arch = arch or next((r["arch"] for r in rows if r.get("arch")), None)
+    ran = (r for r in rows if r["status"] != "skipped")
+    sizes = (re.search(r"--image-size[ =](\d+)", r["command"]) for r in ran)
+    return arch, image_size or next((int(m.group(1)) for m in sizes if m), 224)
+
+
+# ---- the bars ----
+
+
+def check_bars(rows, native_mixed_precision):
+    """native_mixed_precision: whether the hardware runs bf16 (CPU) or fp16/bf16 (GPU) natively."""
+    by = {r["backend"]: r for r in rows if r["status"] == "ok"}
+    hw = "native mixed precision" if native_mixed_precision else "no native bf16"
+    checks = []
+    for test, base, minimum, what in BARS.values():
+        t, b = by.get(test, {}), by.get(base, {})
+        minimum = minimum or (AMP_BAR_NATIVE if native_mixed_precision else AMP_BAR_OTHER)
+        amp = {"off": "fp32", None: "?"}.get(t.get("amp"), t.get("amp"))
+        shape = dict(p=field(t, "processes"), t=field(t, "threads_per_process"))
+        what = what.format(**shape, c=field(b, "threads_per_process"), amp=amp, hw=hw)
+        check = dict(name=f"{test} / {base}", what=what, bar=f">= {minimum:.2f}x")
+        if t.get("images_per_s") and b.get("images_per_s"):
+            ratio = t["images_per_s"] / b["images_per_s"]
+            text = f"{t['images_per_s']:.1f} / {b['images_per_s']:.1f} img/s = {ratio:.2f}x"
+            if t.get("images_per_core_s") and b.get("images_per_core_s"):
+                text += f" (per core-s: {t['images_per_core_s'] / b['images_per_core_s']:.2f}x)"
+            checks.append(dict(check, value=ratio, ok=ratio >= minimum, text=text))
+        else:
+            missing = base if t else test
+            checks.append(
+                dict(check, value=None, ok=None, text=f"not measured: {missing} did not run")
+            )
+    waits = [
+        (r["backend"], r["data_wait_pct"]) for r in by.values() if r["data_wait_pct"] is not None
+    ]
+    check = dict(name="data wait", bar=f"<= {DATA_WAIT_MAX:.0f}%")
+    if waits:
+        worst = max(waits, key=lambda w: w[1])
+        each = ", ".join(f"{n} {w:.1f}%" for n, w in waits)
+        text = f"worst {worst[0]} {worst[1]:.1f}%; {each}"
+        what = "host time waiting for the loader, every run"
+        checks.append(
+            dict(check, what=what, value=worst[1], ok=worst[1] <= DATA_WAIT_MAX, text=text)
+        )
+    else:
+        checks.append(dict(check, what="every run", value=None, ok=None, text="no run finished"))
+    return checks
+
+
+def field(row, key):
+    """row[key] for the report's text, "?" for a run that did not happen or lacks it."""
+    return "?" if row.get(key) in (None, "") else row[key]
+
+
+def verdict(ok):
+    return "PASS" if ok else ("FAIL" if ok is not None else "N/A")
+
+
+# ---- writing the report ----
 
 
 def fmt(x, digits=1):
     return "" if x is None else f"{x:.{digits}f}"
 
 
+def fmt_tflops(x):
+    """TFLOP/s to 3 significant digits (0.270, 5.12, 51.2), whole numbers from 100 up."""
+    return "" if x is None else (f"{x:#.3g}" if x < 100 else f"{x:.0f}")
+
+
+def shape(r):
+    return f"{r['processes']}x{r['gpus'] if uses_gpus(r) else r['threads_per_process']}"
+
+
 def machine_info():
     model = ""
-    try:
+    if os.path.isfile("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
-            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
-    except OSError:
-        pass
+            model = next((x.split(":", 1)[1].strip() for x in f if x.startswith("model name")), "")
     try:
         import torch
 
         torch_version = torch.__version__
     except ImportError:
         torch_version = "not importable"
-    gpus = ""
     try:
-        gpus = subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
+        gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+        gpus = gpus.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        pass
+        gpus = ""
     return dict(
         nproc=os.cpu_count(),
         cpu=model or platform.processor(),
@@ -256,282 +475,6 @@ def machine_info():
     )
 
 
-def gpu_peak_tflops(name):
-    """Dense bf16/fp16 peak TFLOP/s of one GPU from its nvidia-smi name; None when not in GPU_PEAK_TFLOPS."""
-    words = re.findall(
-        r"[A-Z0-9]+", name.upper()
-    )  # "NVIDIA A100-SXM4-80GB" -> NVIDIA A100 SXM4 80GB
-    if "NVL" in words:
-        return None
-
-    def holds(key):  # the key's words, in a row: "A100" is in "A100-SXM4", not in "RTX A1000"
-        k = key.split()
-        return any(words[i : i + len(k)] == k for i in range(len(words)))
-
-    return next((peak for key, peak in GPU_PEAK_TFLOPS if holds(key)), None)
-
-
-def nvidia_smi_gpus():
-    """{index: name, uuid: name} for this machine's GPUs; {} without nvidia-smi."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    gpus = {}
-    for line in out.splitlines():
-        parts = [x.strip() for x in line.split(",", 2)]
-        if len(parts) == 3:
-            gpus[parts[0]] = gpus[parts[1]] = parts[2]
-    return gpus
-
-
-def cpu_run_peak(row, cpu_peak):
-    """(peak TFLOP/s of a CPU run from the measured matmul peaks, or None; where it comes from)."""
-    if not cpu_peak:
-        return None, "CPU run: no measured peak (tools/cpu_peak.py did not run)"
-    precision = "bf16" if row.get("amp") == "bf16" else "fp32"
-    by_threads = cpu_peak["peak_gflops"].get(precision)
-    if not by_threads:
-        return (
-            None,
-            f"CPU run in {precision}: not native on this CPU ({cpu_peak['capability']}), so no peak",
-        )
-    threads, procs = str(row.get("threads_per_process")), str(row.get("processes") or "1")
-    if not procs.isdigit():  # a run that did not happen
-        return None, "not run"
-    procs = int(procs)
-    if threads not in by_threads:
-        return None, f"CPU run: no peak measured at {threads} thread(s)"
-    return (
-        procs * by_threads[threads] / 1000,
-        f"CPU: {procs} x {by_threads[threads]:g} GFLOP/s measured {precision} matmul at {threads} thread(s)",
-    )
-
-
-def run_peak(row, peak_tflops=None, gpu_names=None, cpu_peak=None):
-    """(peak TFLOP/s of the hardware the run used, or None; a few words on where it comes from)."""
-    if peak_tflops:
-        return peak_tflops, f"PEAK_TFLOPS={peak_tflops:g}"
-    used = [g.strip() for g in str(row.get("gpus") or "").split(",") if g.strip() not in ("", "-")]
-    if not used:
-        return cpu_run_peak(row, cpu_peak)
-    gpu_names = nvidia_smi_gpus() if gpu_names is None else gpu_names
-    names = [gpu_names.get(g) for g in used]
-    if None in names:
-        return None, f"GPU {used[names.index(None)]} not listed by nvidia-smi"
-    peaks = [gpu_peak_tflops(n) for n in names]
-    if None in peaks:
-        return None, f"no peak known for {names[peaks.index(None)]}"
-    kinds = ", ".join(
-        f"{names.count(n)} x {n} ({gpu_peak_tflops(n):g})" for n in dict.fromkeys(names)
-    )
-    return sum(peaks), f"{kinds} = {sum(peaks):g} TFLOP/s dense bf16"
-
-
-def mfu(images_per_s, flops_per_image, peak_tflops):
-    """(achieved model TFLOP/s, MFU in % of peak_tflops or None): images/s x FLOPs per image / 1e12."""
-    if not images_per_s or not flops_per_image:
-        return None, None
-    tflops = images_per_s * flops_per_image / 1e12
-    return tflops, (100 * tflops / peak_tflops if peak_tflops else None)
-
-
-def add_mfu(rows, flops_per_image, peak_tflops=None, gpu_names=None, cpu_peak=None):
-    """Fill train_tflops, mfu_pct, peak_tflops and peak_source of every row (in place); returns rows.
-    gpu_names: {nvidia-smi index or uuid: name}; default: ask nvidia-smi (once) when a row used GPUs.
-    cpu_peak: tools/cpu_peak.py's result, for the CPU runs."""
-    if (
-        gpu_names is None
-        and not peak_tflops
-        and any(str(r.get("gpus") or "-") not in ("", "-") for r in rows)
-    ):
-        gpu_names = nvidia_smi_gpus()
-    for r in rows:
-        r["peak_tflops"], r["peak_source"] = run_peak(r, peak_tflops, gpu_names, cpu_peak)
-        r["train_tflops"], r["mfu_pct"] = mfu(
-            r.get("images_per_s"), flops_per_image, r["peak_tflops"]
-        )
-    return rows
-
-
-def model_of(rows, arch=None, image_size=None):
-    """(arch, image size) of the runs: the given values, else what the runs' metrics and commands say
-    (else the training scripts' default of 224 px)."""
-    import re
-
-    arch = arch or next((r["arch"] for r in rows if r.get("arch")), None)
-    if not image_size:
-        found = (
-            re.search(r"--image-size[ =](\d+)", r.get("command") or "")
-            for r in rows
-            if r["status"] != "skipped"
-        )
-        image_size = next((int(m.group(1)) for m in found if m), 224)
-    return arch, image_size
-
-
-def summarise(results):
-    rows = []
-    for m in read_manifest(os.path.join(results, "runs", "manifest.tsv")):
-        run_dir = os.path.join(results, "runs", m["name"])
-        metrics = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-        util, util_kind, peak_tree = read_stats(os.path.join(run_dir, "stats.csv"), m["gpus"])
-        last = metrics[-1] if metrics else {}
-        row = dict(
-            backend=m["name"],
-            launcher=m["label"],
-            status=m["status"],
-            processes=m["processes"],
-            threads_per_process=m["threads"],
-            gpus=m["gpus"],
-            wall_s=m["wall"],
-            images_per_s=last.get("train_images_per_s"),
-            epoch_time_s=last.get("epoch_time_s"),
-            val_acc1=last.get("val_acc1"),
-            peak_memory_rank0_mb=max((r.get("peak_memory_mb", 0) for r in metrics), default=None),
-            peak_rss_tree_mb=peak_tree,
-            mean_util=util,
-            util_kind=util_kind,
-            data_wait_pct=max((100 * r.get("data_wait_frac", 0) for r in metrics), default=None),
-            note=""
-            if m["status"] == "ok"
-            else (
-                as_typed(m["command"])
-                if m["status"] == "skipped"
-                else f"exit status {m['rc']}; see runs/{m['name']}/run.log"
-            ),
-            command=as_typed(m["command"]).strip(),
-            amp=last.get("amp"),
-            arch=last.get("arch"),
-            train_tflops=None,
-            mfu_pct=None,
-            peak_tflops=None,
-            peak_source="",
-        )
-        row["images_per_core_s"] = (
-            row["images_per_s"] / (util / 100)
-            if util and util_kind == "CPU %" and row["images_per_s"]
-            else None
-        )
-        if m["name"] == "slurm" and util_kind == "CPU %":
-            # srun's tasks are children of slurmstepd, not of srun: the sampled tree is srun alone
-            row["mean_util"], row["peak_rss_tree_mb"], row["images_per_core_s"] = None, None, None
-            row["note"] = (
-                "CPU % / tree RSS not sampled: srun's tasks run under slurmd, outside srun's process tree"
-            )
-        if m["status"] == "ok" and not metrics:
-            row["status"], row["note"] = "failed", f"no metrics.jsonl; see runs/{m['name']}/run.log"
-        rows.append(row)
-    return rows
-
-
-def add_loader(rows, loader_ips):
-    """loader_ips: images/s one loader process decodes and augments per CPU core (tools/loader_bench.py
-    --quick on the run's data); loader cores needed: a run's images/s over it, all processes together."""
-    for r in rows:
-        r["loader_images_per_core_s"] = loader_ips
-        r["loader_cores_needed"] = (
-            r["images_per_s"] / loader_ips
-            if loader_ips and r.get("images_per_s") and r["status"] == "ok"
-            else None
-        )
-    return rows
-
-
-def field(row, key):
-    """row[key] for the report's text, "?" for a run that did not happen or lacks it."""
-    return "?" if not row or row.get(key) in (None, "") else row[key]
-
-
-def check_bars(rows, native_mixed_precision):
-    """native_mixed_precision: whether the hardware runs bf16 (CPU) or fp16/bf16 (GPU) natively."""
-    by = {r["backend"]: r for r in rows if r["status"] == "ok"}
-    checks = []
-    for key, (test, base, minimum, what) in BARS.items():
-        t, b = by.get(test), by.get(base)
-        if minimum is None:
-            minimum = AMP_BAR_NATIVE if native_mixed_precision else AMP_BAR_OTHER
-        amp = {"off": "fp32", None: "?"}.get((t or {}).get("amp"), (t or {}).get("amp"))
-        what = what.format(
-            p=field(t, "processes"),
-            t=field(t, "threads_per_process"),
-            c=field(b, "threads_per_process"),
-            amp=amp,
-            hw="native mixed precision" if native_mixed_precision else "no native bf16",
-        )
-        if t and b and t["images_per_s"] and b["images_per_s"]:
-            ratio = t["images_per_s"] / b["images_per_s"]
-            text = f"{t['images_per_s']:.1f} / {b['images_per_s']:.1f} img/s = {ratio:.2f}x"
-            if t.get("images_per_core_s") and b.get("images_per_core_s"):
-                text += f" (per core-s: {t['images_per_core_s'] / b['images_per_core_s']:.2f}x)"
-            checks.append(
-                dict(
-                    name=f"{test} / {base}",
-                    what=what,
-                    value=ratio,
-                    bar=f">= {minimum:.2f}x",
-                    ok=ratio >= minimum,
-                    text=text,
-                )
-            )
-        else:
-            checks.append(
-                dict(
-                    name=f"{test} / {base}",
-                    what=what,
-                    value=None,
-                    bar=f">= {minimum:.2f}x",
-                    ok=None,
-                    text=f"not measured: {test if not t else base} did not run",
-                )
-            )
-    waits = [
-        (r["backend"], r["data_wait_pct"])
-        for r in rows
-        if r["status"] == "ok" and r["data_wait_pct"] is not None
-    ]
-    if waits:
-        worst = max(waits, key=lambda w: w[1])
-        checks.append(
-            dict(
-                name="data wait",
-                what="host time waiting for the loader, every run",
-                value=worst[1],
-                bar=f"<= {DATA_WAIT_MAX:.0f}%",
-                ok=worst[1] <= DATA_WAIT_MAX,
-                text="worst "
-                + f"{worst[0]} {worst[1]:.1f}%; "
-                + ", ".join(f"{n} {w:.1f}%" for n, w in waits),
-            )
-        )
-    else:
-        checks.append(
-            dict(
-                name="data wait",
-                what="every run",
-                value=None,
-                bar=f"<= {DATA_WAIT_MAX:.0f}%",
-                ok=None,
-                text="no run finished",
-            )
-        )
-    return checks
-
-
-def verdict(ok):
-    return "PASS" if ok else ("FAIL" if ok is not None else "N/A")
-
-
-def fmt_tflops(x):
-    """TFLOP/s to 3 significant digits (0.270, 5.12, 51.2), whole numbers from 100 up."""
-    return "" if x is None else (f"{x:#.3g}" if x < 100 else f"{x:.0f}")
-
-
 def write_csv(rows, path):
     digits = {"train_tflops": 4, "mfu_pct": 3, "peak_tflops": 4, "loader_cores_needed": 4}
     with open(path, "w", newline="") as f:
@@ -539,263 +482,166 @@ def write_csv(rows, path):
         w.writerow(COLUMNS)
         for r in rows:
             w.writerow(
-                [
-                    fmt(r[c], digits.get(c, 2))
-                    if isinstance(r[c], float)
-                    else ("" if r[c] is None else r[c])
-                    for c in COLUMNS
-                ]
+                fmt(r[c], digits.get(c, 2))
+                if isinstance(r[c], float)
+                else ("" if r[c] is None else r[c])
+                for c in COLUMNS
             )
 
 
 def mfu_notes(ok_rows, model):
-    """The markdown paragraph that says how model TFLOP/s and MFU % were computed, and from which peak."""
-    model = model or {}
+    """How model TFLOP/s and MFU % were computed, and from which peak."""
     if not model.get("flops"):
         return f"model TFLOP/s and MFU %: not computed ({model.get('error') or 'no model given'})."
     text = (
-        f"model TFLOP/s: images/s x {model['flops'] / 1e9:.2f} GFLOPs per training image ({model['arch']} at "
-        f"{model['image_size']} px, forward + backward, convolutions and matrix products only, counted by "
-        "tools/model_flops.py with FlopCounterMode), all processes together, as nanoGPT counts model FLOPs; "
-        "MFU %: model TFLOP/s over the peak of the hardware the run used, in %."
+        f"model TFLOP/s: images/s x {model['flops'] / 1e9:.2f} GFLOPs per training image "
+        f"({model['arch']} at {model['image_size']} px, forward + backward, convolutions and "
+        "matrix products only, counted by torch's FlopCounterMode), all processes together, as "
+        "nanoGPT counts model FLOPs; MFU %: model TFLOP/s over the peak of the hardware the run "
+        "used, in %."
     )
     sources = list(dict.fromkeys(r["peak_source"] for r in ok_rows if r.get("peak_source")))
-    if any(r.get("mfu_pct") is not None for r in ok_rows):
-        text += " Peak: " + "; ".join(sources) + "."
-        if any(not s.startswith("PEAK_TFLOPS") for s in sources):
-            text += (
-                " GPU peaks are the vendors' dense bf16/fp16 tensor-core figures, without sparsity, used for the "
-                "fp32 runs too, as nanoGPT does: fp32 runs show a low MFU by design."
-            )
-    else:
+    if not any(r.get("mfu_pct") is not None for r in ok_rows):
+        return (
+            f"{text} MFU % is blank: {'; '.join(sources or ['no run finished'])}. Set PEAK_TFLOPS "
+            "to the run's total peak TFLOP/s (`PEAK_TFLOPS=N bash start.sh`) to get it."
+        )
+    text += " Peak: " + "; ".join(sources) + "."
+    if any(not s.startswith(("PEAK_TFLOPS", "CPU")) for s in sources):
         text += (
-            " MFU % is blank: "
-            + "; ".join(sources or ["no run finished"])
-            + ". Set PEAK_TFLOPS to the "
-            "run's total peak TFLOP/s (`PEAK_TFLOPS=N bash start.sh`) to get it."
+            " GPU peaks are the vendors' dense bf16/fp16 tensor-core figures, without sparsity, "
+            "used for the fp32 runs too, as nanoGPT does: fp32 runs show a low MFU by design."
         )
     return text
 
 
+RESULTS_HEAD = (
+    "| backend | launcher | processes | threads/proc | GPUs | images/s | model TFLOP/s | MFU % | "
+    "epoch time (s) | val Acc@1 | peak mem rank 0 (MiB) | peak RSS tree (MiB) | {util} | "
+    "images per core-s | data wait % | loader img/s per core | loader cores needed |"
+)
+COLUMNS_TEXT = (
+    "What each column means, and how MFU is counted: docs/benchmark.md. images/s leaves out the "
+    "first 2 (warm-up) steps; epoch time includes them. {util}: mean over the whole run."
+)
+
+
 def write_md(rows, checks, info, args, path):
     ok_rows = [r for r in rows if r["status"] == "ok"]
-    util_kind = next((r["util_kind"] for r in ok_rows if r["util_kind"]), "CPU %")
-    util_head = "mean CPU % (100 = 1 core)" if util_kind == "CPU %" else "mean GPU util %"
+    gpu = any(r["util_kind"] == "GPU util %" for r in ok_rows)
+    util = "mean GPU util %" if gpu else "mean CPU % (100 = 1 core)"
+    wall = f" (wall time {args.wall:.0f} s)" if args.wall else ""
     lines = [
         f"# Benchmark: {args.title}",
         "",
-        f"- command: `{args.command}` (wall time {args.wall:.0f} s)"
-        if args.wall
-        else f"- command: `{args.command}`",
-        f"- configuration: {args.config}" if args.config else "",
+        f"- command: `{args.command}`{wall}",
+        f"- configuration: {args.config}" if args.config else None,
         f"- machine: {info['nproc']} CPU(s) (`nproc`), {info['cpu']}; GPUs: {info['gpus']}",
-        f"- CPU capability: {cpu_line(info.get('cpu_peak'))}" if info.get("cpu_peak") else "",
+        f"- CPU capability: {cpu_line(info['cpu_peak'])}" if info["cpu_peak"] else None,
         f"- software: torch {info['torch']}, Python {info['python']}",
         f"- date: {info['date']}",
         f"- load average before / after: {args.load_before} / {args.load_after}"
         if args.load_before
-        else "",
+        else None,
         "",
         "## Results",
         "",
-        "| backend | launcher | processes | threads/proc | GPUs | images/s | model TFLOP/s | MFU % | "
-        "epoch time (s) | val Acc@1 | "
-        f"peak mem rank 0 (MiB) | peak RSS tree (MiB) | {util_head} | images per core-s | data wait % |"
-        " loader img/s per core | loader cores needed |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        RESULTS_HEAD.format(util=util),
+        "|---|---|" + "--:|" * 15,
     ]
     for r in ok_rows:
-        lines.append(
-            f"| {r['backend']} | {r['launcher']} | {r['processes']} | {r['threads_per_process']} | {r['gpus']} | "
-            f"{fmt(r['images_per_s'])} | {fmt_tflops(r['train_tflops'])} | {fmt(r['mfu_pct'], 2)} | "
-            f"{fmt(r['epoch_time_s'])} | {fmt(r['val_acc1'])} | "
-            f"{fmt(r['peak_memory_rank0_mb'], 0)} | {fmt(r['peak_rss_tree_mb'], 0)} | {fmt(r['mean_util'], 0)} | "
-            f"{fmt(r['images_per_core_s'])} | {fmt(r['data_wait_pct'])} | "
-            f"{fmt(r.get('loader_images_per_core_s'), 0)} | {fmt(r.get('loader_cores_needed'), 2)} |"
-        )
+        cells = [r["backend"], r["launcher"], r["processes"], r["threads_per_process"], r["gpus"]]
+        cells += [fmt(r["images_per_s"]), fmt_tflops(r["train_tflops"]), fmt(r["mfu_pct"], 2)]
+        cells += [fmt(r["epoch_time_s"]), fmt(r["val_acc1"]), fmt(r["peak_memory_rank0_mb"], 0)]
+        cells += [fmt(r["peak_rss_tree_mb"], 0), fmt(r["mean_util"], 0)]
+        cells += [fmt(r["images_per_core_s"]), fmt(r["data_wait_pct"])]
+        cells += [fmt(r["loader_images_per_core_s"], 0), fmt(r["loader_cores_needed"], 2)]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     others = [r for r in rows if r["status"] != "ok"]
     if others:
         lines += ["", "Not run or failed:", ""]
         lines += [f"- **{r['backend']}** ({r['status']}): {r['note']}" for r in others]
-    noted = [r for r in ok_rows if r["note"]]
+    noted = [f"- {r['backend']}: {r['note']}" for r in ok_rows if r["note"]]
     if noted:
-        lines += [""] + [f"- {r['backend']}: {r['note']}" for r in noted]
-    lines += [
-        "",
-        "images/s: training images per second over the last epoch, all processes together, without "
-        "the first 2 (warm-up) steps. epoch time: the whole training epoch, warm-up included. "
-        "peak mem rank 0: rank 0's max RSS (CPU) or max allocated (GPU); peak RSS tree: statistics.sh's "
-        "largest sum of RSS over the run's processes (shared pages counted per process). "
-        f"{util_head}: mean over the whole run (start-up and validation included). "
-        "images per core-s: images/s divided by mean CPU % / 100, a rough contention-independent "
-        "efficiency (CPU time other users take from the run lowers images/s but not this). "
-        "data wait: share of the epoch the training loop waited for the data loader (rank 0). "
-        "loader img/s per core: JPEGs of the run's data that one loader process decodes and augments "
-        "(training transform) per CPU second, the scripts' own code, timed by tools/loader_bench.py "
-        "--quick before the runs; loader cores needed: images/s over it, the CPU cores the run's "
-        "loader workers need in all to keep up (divide by the GPUs for cores per GPU).",
-        "",
-        mfu_notes(ok_rows, info.get("model")),
-        "",
-        "## Performance bars",
-        "",
-        "| check | what | bar | measured | result |",
-        "|---|---|---|---|---|",
-    ]
+        lines += ["", *noted]
+    lines += ["", COLUMNS_TEXT.format(util=util), "", mfu_notes(ok_rows, info["model"]), ""]
+    lines += ["## Performance bars", "", "| check | what | bar | measured | result |"]
+    lines.append("|---|---|---|---|---|")
     for c in checks:
         lines.append(
             f"| {c['name']} | {c['what']} | {c['bar']} | {c['text']} | **{verdict(c['ok'])}** |"
         )
     if any(r["backend"] == "fsdp" for r in rows):
-        lines += ["", "## Memory", "", memory_line(args.memory, args.results)]
+        lines += ["", "## Memory", "", memory_line(args.results)]
     lines += ["", "## Commands", ""]
     lines += [f"- {r['backend']}: `{r['command']}`" for r in rows if r["status"] != "skipped"]
     with open(path, "w") as f:
-        f.write("\n".join(l for l in lines if l is not None) + "\n")
+        f.write("\n".join(line for line in lines if line is not None) + "\n")
 
 
-def memory_line(memory_json, results):
-    """What FSDP saves per process against DDP: from tools/fsdp_memory.py --json, else a pointer to its report."""
-    if memory_json:
-        with open(memory_json) as f:
-            m = json.load(f)
-        lines = []
-        for arch, run in m["runs"].items():
-            d, s = run["ddp"], run["fsdp"]
-            lines.append(
-                f"- fsdp vs distributed (DDP), per process, {arch} at {m['nproc']} processes "
-                f"(tools/fsdp_memory.py): parameters + gradients + momentum {s['state'] / 2**20:.1f} MiB vs "
-                f"{d['state'] / 2**20:.1f} MiB ({s['state'] / d['state']:.2f}x), peak RSS above "
-                f"`import torch` {s['above'] / 2**20:.0f} MiB vs {d['above'] / 2**20:.0f} MiB"
-            )
-        return "\n".join(lines)
+def memory_line(results):
+    """Where to read what FSDP saves per process against DDP (tools/fsdp_memory.py's report)."""
     report = "fsdp-memory.md"
     where = report if os.path.isfile(os.path.join(results, report)) else "results/fsdp-memory.md"
     return (
-        f"- fsdp holds 1/N of the parameters, gradients and momentum per process; what that saves against DDP: "
-        f"{where} (`.venv/bin/python tools/fsdp_memory.py`)"
+        "- fsdp holds 1/N of the parameters, gradients and momentum per process; what that "
+        f"saves against DDP: {where} (`.venv/bin/python tools/fsdp_memory.py`)"
     )
 
 
-def nice_step(x):
-    """The smallest of 1, 2, 5 x 10^k that is >= x."""
-    base = 10 ** math.floor(math.log10(x))
-    return next(m * base for m in (1, 2, 5, 10) if m * base >= x)
+def figure(height):
+    import matplotlib
 
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
 
-def font(size, bold=False):
-    from PIL import ImageFont
-
-    for name in (("DejaVuSans-Bold.ttf" if bold else "DejaVuSans.ttf"),):
-        try:
-            return ImageFont.truetype(name, size)
-        except OSError:
-            pass
-    try:
-        return ImageFont.load_default(size=size)
-    except TypeError:  # Pillow < 10.1
-        return ImageFont.load_default()
+    return plt, plt.figure(figsize=(14, height), layout="constrained")
 
 
 def write_png(rows, checks, info, args, path):
-    from PIL import Image, ImageDraw
-
-    ok_rows = [r for r in rows if r["status"] == "ok" and r["images_per_s"]]
-    others = [r for r in rows if r["status"] != "ok"]
-    W, bar_h, gap = 1400, 34, 14
-    top, label_w, panel_gap = 120, 330, 60
-    panel_w = (W - label_w - 40 - panel_gap) // 2
-    n = max(1, len(ok_rows))
-    chart_h = n * (bar_h + gap)
-    mfu_lines = wrap(png_mfu_line(ok_rows, info.get("model")), 165)
-    H = top + chart_h + 40 + 26 * (len(checks) + len(others)) + 22 * len(mfu_lines) + 20
-    img = Image.new("RGB", (W, H), "white")
-    d = ImageDraw.Draw(img)
-    f_title, f_txt, f_small, f_bold = font(26, True), font(18), font(15), font(18, True)
-    d.text((20, 16), f"Benchmark: {args.title}", fill="black", font=f_title)
-    load = (
-        f", load average before/after {args.load_before} / {args.load_after}"
-        if args.load_before
-        else ""
-    )
-    cpu = info.get("cpu_peak")
+    """images/s and epoch time per backend, side by side; the bars' verdicts and MFU under them."""
+    ok = [r for r in rows if r["status"] == "ok" and r["images_per_s"]]
+    notes = [f"{verdict(c['ok'])}  {c['name']} {c['bar']}: {c['text']}" for c in checks]
+    notes.append(png_mfu_line(ok, info["model"]))
+    notes += [f"not run: {r['backend']}: {r['note']}" for r in rows if r["status"] != "ok"]
+    notes = [line for note in notes for line in textwrap.wrap(note, 160, subsequent_indent="    ")]
+    plt, fig = figure(2 + 0.45 * len(ok))
+    cap = info["cpu_peak"]
     cap = (
-        f" {cpu['capability']}, native bf16 {'yes' if cpu['native_bf16'] else 'no'}" if cpu else ""
+        f" {cap['capability']}, native bf16 {'yes' if cap['native_bf16'] else 'no'}" if cap else ""
     )
-    d.text(
-        (20, 52),
-        f"{info['nproc']} CPUs ({info['cpu']}{cap}), GPUs: {info['gpus'][:60]}, torch {info['torch']}, "
-        f"{info['date']}{load}",
-        fill="#444",
-        font=f_small,
+    load = ""
+    if args.load_before:
+        load = f", load average before/after {args.load_before} / {args.load_after}"
+    fig.suptitle(
+        f"Benchmark: {args.title}\n{info['nproc']} CPUs ({info['cpu']}{cap}), GPUs: "
+        f"{info['gpus'][:60]}, torch {info['torch']}, {info['date']}{load}\n{args.config}",
+        x=0.01,
+        ha="left",
+        fontsize=10,
     )
-    if args.config:
-        d.text((20, 74), args.config[:190], fill="#444", font=f_small)
-    palette = {
-        "dataparallel": "#8c8c8c",
-        "distributed": "#1f77b4",
-        "distributed-launch": "#6baed6",
-        "multiprocessing": "#2ca02c",
-        "apex": "#ff7f0e",
-        "fsdp": "#d62728",
-        "horovod": "#9467bd",
-        "slurm": "#8c564b",
-    }
-    panels = [
-        ("images/s (higher is better)", "images_per_s", "{:.1f}"),
-        ("epoch time, s (lower is better)", "epoch_time_s", "{:.1f}"),
-    ]
-    for p, (title, key, form) in enumerate(panels):
-        x0 = label_w + p * (panel_w + panel_gap)
-        d.text((x0, top - 28), title, fill="black", font=f_bold)
-        vmax = max((r[key] or 0) for r in ok_rows) if ok_rows else 1
-        step = nice_step((vmax or 1) / 4)
-        vmax = step * math.ceil((vmax or 1) / step)
-        for k in range(0, int(round(vmax / step)) + 1):  # light grid at round values
-            gx = x0 + int(k * step / vmax * (panel_w - 70))
-            d.line([(gx, top), (gx, top + chart_h)], fill="#e6e6e6")
-            d.text((gx - 10, top + chart_h + 4), f"{k * step:g}", fill="#888", font=f_small)
-        for i, r in enumerate(ok_rows):
-            y = top + i * (bar_h + gap)
-            v = r[key] or 0
-            w = int(v / vmax * (panel_w - 70))
-            d.rectangle(
-                [x0, y, x0 + max(w, 1), y + bar_h], fill=palette.get(r["backend"], "#17becf")
-            )
-            d.text((x0 + w + 6, y + 7), form.format(v), fill="black", font=f_txt)
-            if p == 0:
-                label = f"{r['backend']}  ({r['processes']}x{r['threads_per_process'] if r['gpus'] in ('', '-') else r['gpus']})"
-                d.text((20, y + 7), label, fill="black", font=f_txt)
-    y = top + chart_h + 36
-    for c in checks:
-        colour = {True: "#1a7f37", False: "#cf222e"}.get(c["ok"], "#666")
-        d.text((20, y), f"{verdict(c['ok'])}", fill=colour, font=f_bold)
-        text = c["text"].split(";")[0] if c["name"] == "data wait" else c["text"]
-        d.text((90, y), f"{c['name']} {c['bar']}: {text}"[:150], fill="black", font=f_txt)
-        y += 26
-    for line in mfu_lines:
-        d.text((20, y), line, fill="black", font=f_small)
-        y += 22
-    for r in others:
-        d.text((20, y), f"not run: {r['backend']}: {r['note']}"[:160], fill="#666", font=f_small)
-        y += 26
-    img.save(path)
-
-
-def wrap(text, width):
-    """Split text at ', ' into lines of at most `width` characters (longer pieces stay whole)."""
-    lines = [""]
-    for piece in text.split(", "):
-        if lines[-1] and len(lines[-1]) + 2 + len(piece) > width:
-            lines[-1] += ","
-            lines.append("    " + piece)
-        else:
-            lines[-1] += (", " if lines[-1] else "") + piece
-    return lines
+    labels = [f"{r['backend']}  ({shape(r)})" for r in ok]
+    panels = (
+        ("images_per_s", "images/s (higher is better)"),
+        ("epoch_time_s", "epoch time, s (lower is better)"),
+    )
+    for i, (key, title) in enumerate(panels):
+        ax = fig.add_subplot(1, 2, i + 1)
+        bars = ax.barh(labels, [r[key] or 0 for r in ok], color=[f"C{i}" for i in range(len(ok))])
+        ax.bar_label(bars, fmt="%.1f", padding=3)
+        ax.set_title(title, loc="left", fontweight="bold")
+        ax.invert_yaxis()  # the first run on top
+        ax.margins(x=0.12)
+        ax.grid(axis="x", color="0.9")
+        ax.set_axisbelow(True)
+        if i:
+            ax.set_yticklabels([])
+    fig.text(0, 0, "\n".join(notes), va="top", fontsize=9, family="monospace")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
 
 
 def png_mfu_line(ok_rows, model):
-    model = model or {}
     if not model.get("flops"):
         return f"model TFLOP/s, MFU: not computed ({model.get('error') or 'no model given'})"
     per = ", ".join(
@@ -803,12 +649,41 @@ def png_mfu_line(ok_rows, model):
         + (f" ({fmt(r['mfu_pct'])}% MFU)" if r.get("mfu_pct") is not None else "")
         for r in ok_rows
     )
-    blank = (
-        "" if any(r.get("mfu_pct") is not None for r in ok_rows) else "; MFU: no peak (PEAK_TFLOPS)"
-    )
+    blank = ""
+    if all(r.get("mfu_pct") is None for r in ok_rows):
+        blank = "; MFU: no peak (PEAK_TFLOPS)"
     return (
-        f"model TFLOP/s ({model['arch']} {model['image_size']}px: {model['flops'] / 1e9:.2f} GFLOPs per image "
-        f"forward + backward): {per}{blank}"
+        f"model TFLOP/s ({model['arch']} {model['image_size']}px: "
+        f"{model['flops'] / 1e9:.2f} GFLOPs per image forward + backward): {per}{blank}"
+    )
+
+
+def print_summary(rows, checks, model):
+    print(
+        f"{'backend':<20} {'procs x thr':>11} {'images/s':>9} {'TFLOP/s':>8} {'MFU %':>6} "
+        f"{'epoch s':>8} {'Acc@1':>6} {'wait %':>7} {'loader/core':>11} {'loader cores':>12}"
+    )
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"{r['backend']:<20} {r['status']}: {r['note']}")
+            continue
+        print(
+            f"{r['backend']:<20} {shape(r):>11} {fmt(r['images_per_s']):>9} "
+            f"{fmt_tflops(r['train_tflops']):>8} {fmt(r['mfu_pct'], 2):>6} "
+            f"{fmt(r['epoch_time_s']):>8} {fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7} "
+            f"{fmt(r['loader_images_per_core_s'], 0):>11} {fmt(r['loader_cores_needed'], 2):>12}"
+        )
+    for c in checks:
+        print(f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}")
+    ok_rows = [r for r in rows if r["status"] == "ok"]
+    if not model["flops"]:
+        print(f"model TFLOP/s, MFU: not computed ({model['error']})")
+        return
+    sources = "; ".join(dict.fromkeys(r["peak_source"] for r in ok_rows)) or "no run finished"
+    blank = ", MFU blank (set PEAK_TFLOPS)" if all(r["mfu_pct"] is None for r in ok_rows) else ""
+    print(
+        f"model FLOPs: {model['arch']} {model['image_size']}px {model['flops'] / 1e9:.2f} GFLOPs "
+        f"per training image (forward + backward); peak: {sources}{blank}"
     )
 
 
@@ -1344,94 +1219,70 @@ def network_model_lines(net):
 
 
 def write_network_png(net, checks, info, args, path):
-    from PIL import Image, ImageDraw
-
+    """images/s per row, a bar per link; the one-host run x hosts in grey (the ideal) and the
+    model's prediction as a black tick; the bars' verdicts under the chart."""
     rates, rows = net["rates"], net_rows(net)
     runs = {(r["row"], r["rate"]): r for r in net["runs"]}
-    palette = ["#d62728", "#ff7f0e", "#2ca02c", "#1f77b4", "#9467bd", "#8c564b", "#17becf"]
-    colour = {rate: palette[i % len(palette)] for i, rate in enumerate(rates)}
-    W, bar_h, gap, top, label_w = 1400, 16, 14, 130, 300
-    chart_w = W - label_w - 150
-    group_h = bar_h * (len(rates) + 1) + gap
-    chart_h = max(1, len(rows)) * group_h
-    H = top + chart_h + 60 + 24 * len(checks) + 20
-    img = Image.new("RGB", (W, H), "white")
-    d = ImageDraw.Draw(img)
-    f_title, f_txt, f_small, f_bold = font(26, True), font(16), font(13), font(16, True)
-    d.text((20, 16), f"Network benchmark: {args.title}", fill="black", font=f_title)
-    load = (
-        f", load average before/after {args.load_before} / {args.load_after}"
-        if args.load_before
-        else ""
+    plt, fig = figure(2 + 0.25 * len(rows) * (len(rates) + 1.5))
+    load = ""
+    if args.load_before:
+        load = f", load average before/after {args.load_before} / {args.load_after}"
+    fig.suptitle(
+        f"Network benchmark: {args.title}\n{info['nproc']} CPUs ({info['cpu']}), torch "
+        f"{info['torch']}, {info['date']}{load}\n{args.config}",
+        x=0.01,
+        ha="left",
+        fontsize=10,
     )
-    d.text(
-        (20, 52),
-        f"{info['nproc']} CPUs ({info['cpu']}), torch {info['torch']}, {info['date']}{load}",
-        fill="#444",
-        font=f_small,
-    )
-    if args.config:
-        d.text((20, 72), args.config[:200], fill="#444", font=f_small)
-    d.text(
-        (20, 96),
+    ax = fig.add_subplot()
+    ax.set_title(
         "images/s per row and link (grey: the one-host run x hosts, the ideal; black tick: the "
         "model)",
-        fill="black",
-        font=f_bold,
+        loc="left",
+        fontweight="bold",
     )
-    values = [r["images_per_s"] for r in net["runs"] if r.get("images_per_s")]
-    ideal = {  # per row: its hosts x its one-host run
-        r["row"]: r["hosts"] * r["one_host_images_per_s"]
-        for r in net["runs"]
-        if r.get("one_host_images_per_s")
-    }
-    values += list(ideal.values())
-    values += [r["predicted_images_per_s"] for r in net["runs"] if r.get("predicted_images_per_s")]
-    vmax = max(values) if values else 1
-    step = nice_step(vmax / 5)
-    vmax = step * math.ceil(vmax / step)
-    x0 = label_w
-    for k in range(0, int(round(vmax / step)) + 1):
-        gx = x0 + int(k * step / vmax * chart_w)
-        d.line([(gx, top), (gx, top + chart_h)], fill="#e6e6e6")
-        d.text((gx - 8, top + chart_h + 4), f"{k * step:g}", fill="#888", font=f_small)
+    h = 1 / (len(rates) + 2)  # a group per row: the ideal, then a bar per link
+
+    def label(x, y, text, colour="black"):
+        ax.annotate(
+            text,
+            (x, y),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+            color=colour,
+        )
+
     for i, row in enumerate(rows):
-        y = top + i * group_h
-        d.text((20, y + 2), row, fill="black", font=f_txt)
-        if row in ideal:
-            w = int(ideal[row] / vmax * chart_w)
-            hosts = next(r["hosts"] for r in net["runs"] if r["row"] == row)
-            d.rectangle([x0, y, x0 + w, y + bar_h - 3], fill="#dddddd")
-            text = f"{hosts} x 1 host {ideal[row]:.1f}"
-            d.text((x0 + w + 6, y), text, fill="#888", font=f_small)
+        first = next(r for r in net["runs"] if r["row"] == row)
+        if first.get("one_host_images_per_s"):  # the ideal: the row's hosts x its one-host run
+            ideal = first["hosts"] * first["one_host_images_per_s"]
+            ax.barh(i, ideal, h, color="0.85")
+            label(ideal, i, f"{first['hosts']} x 1 host {ideal:.1f}", "0.5")
         for j, rate in enumerate(rates):
-            r = runs.get((row, rate))
-            yy = y + (j + 1) * bar_h
+            r, y = runs.get((row, rate)), i + (j + 1) * h
             if not r or not r.get("images_per_s"):
                 why = "not run" if r and r["status"] == "skipped" else "failed" if r else "-"
-                d.text(
-                    (x0 + 4, yy),
-                    f"{rate}: {why}",
-                    fill="#999",
-                    font=f_small,
-                )
+                label(0, y, f"{rate}: {why}", "0.6")
                 continue
-            w = int(r["images_per_s"] / vmax * chart_w)
-            d.rectangle([x0, yy, x0 + max(w, 1), yy + bar_h - 3], fill=colour[rate])
-            text, end = f"{rate} {r['images_per_s']:.1f}", x0 + w
+            ax.barh(y, r["images_per_s"], h, color=f"C{j}")
+            text, end = f"{rate} {r['images_per_s']:.1f}", r["images_per_s"]
             if r.get("predicted_images_per_s"):
-                px = x0 + int(r["predicted_images_per_s"] / vmax * chart_w)
-                d.line([(px, yy - 1), (px, yy + bar_h - 2)], fill="black", width=3)
-                text += f" (model {r['predicted_images_per_s']:.1f})"
-                end = max(end, px + 2)
-            d.text((end + 6, yy), text, fill="black", font=f_small)
-    y = top + chart_h + 36
-    for c in checks:
-        col = {True: "#1a7f37", False: "#cf222e"}.get(c["ok"], "#666")
-        d.text((20, y), verdict(c["ok"]), fill=col, font=f_bold)
-        d.text((80, y), f"{c['name']} {c['bar']}: {c['text']}"[:170], fill="black", font=f_txt)
-        y += 24
-    img.save(path)
+                predicted = r["predicted_images_per_s"]
+                ax.plot([predicted] * 2, [y - h / 2, y + h / 2], color="black", linewidth=2.5)
+                text, end = f"{text} (model {predicted:.1f})", max(end, predicted)
+            label(end, y, text)
+    ax.set_yticks([i + h * len(rates) / 2 for i in range(len(rows))], rows)
+    ax.invert_yaxis()
+    ax.margins(x=0.25)
+    ax.grid(axis="x", color="0.9")
+    ax.set_axisbelow(True)
+    notes = [f"{verdict(c['ok'])}  {c['name']} {c['bar']}: {c['text']}" for c in checks]
+    notes = [line for note in notes for line in textwrap.wrap(note, 160, subsequent_indent="    ")]
+    fig.text(0, 0, "\n".join(notes), va="top", fontsize=9, family="monospace")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
 
 
 def network_report(args):
@@ -1485,62 +1336,32 @@ def network_report(args):
     print(f"wrote {base}.csv, .md, .png")
 
 
-def main():
+def main(argv):
+    if argv[:1] == ["cpu-peak"]:
+        return cpu_peak_main(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", default="results")
     p.add_argument("--command", default="bash start.sh")
-    p.add_argument(
-        "--wall", type=float, default=0.0, help="wall time of the whole start.sh run, seconds"
-    )
+    p.add_argument("--wall", type=float, default=0.0, help="seconds the whole start.sh run took")
     p.add_argument("--title", default="pytorch-distributed backends")
     p.add_argument("--config", default="", help="one line describing the configuration")
     p.add_argument("--load-before", default="")
     p.add_argument("--load-after", default="")
-    p.add_argument(
-        "--arch", default=None, help="model of the runs (default: what their metrics.jsonl say)"
-    )
-    p.add_argument(
-        "--image-size",
-        type=int,
-        default=None,
-        help="training image size (default: the runs' --image-size, else 224)",
-    )
-    p.add_argument(
-        "--loader-ips",
-        type=float,
-        default=None,
-        help="loader images/s per core on the runs' data (tools/loader_bench.py --quick), for the loader columns",
-    )
-    p.add_argument(
-        "--memory",
-        metavar="JSON",
-        help="tools/fsdp_memory.py --json output, summarised under Memory "
-        "(default: a pointer to results/fsdp-memory.md)",
-    )
+    p.add_argument("--arch", help="model of the runs (default: what their metrics.jsonl say)")
+    p.add_argument("--image-size", type=int, help="default: the runs' --image-size, else 224")
+    p.add_argument("--loader-ips", type=float, help="tools/loader_bench.py --quick on the data")
     p.add_argument(
         "--peak-tflops",
         type=float,
         default=os.environ.get("PEAK_TFLOPS") or None,
-        help="peak TFLOP/s of the hardware a run uses, total (default: env PEAK_TFLOPS; for GPU runs, "
-        "else the table of dense bf16 peaks by nvidia-smi name; on CPU, none: MFU left blank)",
+        help="the run's total peak TFLOP/s (default: PEAK_TFLOPS; else the GPUs' from the table, "
+        "or the CPU's measured by cpu-peak)",
     )
-    p.add_argument(
-        "--network",
-        action="store_true",
-        help="report start.sh --hosts: RESULTS/runs-network -> "
-        "RESULTS/benchmark-network.{csv,md,png}",
-    )
+    p.add_argument("--network", action="store_true", help="report start.sh --hosts N instead")
     p.add_argument("--hosts", type=int, help="with --network: the number of hosts")
-    p.add_argument(
-        "--batch", type=int, help="with --network: the global batch of a row without accumulation"
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=0,
-        help="with --network: loader processes per training process",
-    )
-    args = p.parse_args()
+    p.add_argument("--batch", type=int, help="with --network: the global batch of a row")
+    p.add_argument("--workers", type=int, default=0, help="with --network: loader processes")
+    args = p.parse_args(argv)
     args.command, args.config = as_typed(args.command), as_typed(args.config)
     if args.network:
         return network_report(args)
@@ -1549,63 +1370,32 @@ def main():
     rows = summarise(args.results)
     if not rows:
         sys.exit(f"{sys.argv[0]}: no runs in {args.results}/runs/manifest.tsv")
-    cpu_peak = read_cpu_peak(os.path.join(args.results, "runs", "cpu_peak.json"))
-    gpu_run = any(str(r.get("gpus") or "-") not in ("", "-") for r in rows)
-    checks = check_bars(rows, gpu_run or bool(cpu_peak and cpu_peak["native_bf16"]))
     info = machine_info()
-    info["cpu_peak"] = cpu_peak
+    peak_file = os.path.join(args.results, "runs", "cpu_peak.json")
+    info["cpu_peak"] = None
+    if os.path.isfile(peak_file):
+        with open(peak_file) as f:
+            info["cpu_peak"] = json.load(f)
+    native = any(map(uses_gpus, rows)) or bool(info["cpu_peak"] and info["cpu_peak"]["native_bf16"])
+    checks = check_bars(rows, native)
     arch, image_size = model_of(rows, args.arch, args.image_size)
-    info["model"] = dict(
-        arch=arch, image_size=image_size, flops=None, error="" if arch else "no arch known"
+    info["model"] = model = dict(
+        arch=arch, image_size=image_size, flops=None, error="no arch known"
     )
     if arch:
         try:
-            info["model"]["flops"] = train_flops_per_image(arch, image_size)
-        except (
-            Exception
-        ) as e:  # an arch FlopCounterMode or the meta device cannot run: report without MFU
-            info["model"]["error"] = (
-                f"counting {arch} at {image_size} px failed: {type(e).__name__}: {e}"
-            )
-            print(f"{sys.argv[0]}: warning: {info['model']['error']}", file=sys.stderr)
-    add_mfu(rows, info["model"]["flops"], args.peak_tflops, cpu_peak=cpu_peak)
+            model["flops"] = train_flops_per_image(arch, image_size)
+        except Exception as e:  # a model FlopCounterMode cannot run: the report without MFU
+            model["error"] = f"counting {arch} at {image_size} px failed: {type(e).__name__}: {e}"
+            print(f"{sys.argv[0]}: warning: {model['error']}", file=sys.stderr)
+    add_mfu(rows, model["flops"], args.peak_tflops, cpu_peak=info["cpu_peak"])
     add_loader(rows, args.loader_ips)
     write_csv(rows, os.path.join(args.results, "benchmark.csv"))
     write_md(rows, checks, info, args, os.path.join(args.results, "benchmark.md"))
     write_png(rows, checks, info, args, os.path.join(args.results, "benchmark.png"))
-    print(
-        f"{'backend':<20} {'procs x thr':>11} {'images/s':>9} {'TFLOP/s':>8} {'MFU %':>6} {'epoch s':>8} "
-        f"{'Acc@1':>6} {'wait %':>7} {'loader/core':>11} {'loader cores':>12}"
-    )
-    for r in rows:
-        if r["status"] == "ok":
-            shape = f"{r['processes']}x{r['threads_per_process'] if r['gpus'] in ('', '-') else r['gpus']}"
-            print(
-                f"{r['backend']:<20} {shape:>11} {fmt(r['images_per_s']):>9} {fmt_tflops(r['train_tflops']):>8} "
-                f"{fmt(r['mfu_pct'], 2):>6} {fmt(r['epoch_time_s']):>8} "
-                f"{fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7} "
-                f"{fmt(r['loader_images_per_core_s'], 0):>11} {fmt(r['loader_cores_needed'], 2):>12}"
-            )
-        else:
-            print(f"{r['backend']:<20} {r['status']}: {r['note']}")
-    for c in checks:
-        print(f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}")
-    model, ok_rows = info["model"], [r for r in rows if r["status"] == "ok"]
-    if model["flops"]:
-        sources = "; ".join(dict.fromkeys(r["peak_source"] for r in ok_rows)) or "no run finished"
-        blank = (
-            ""
-            if any(r["mfu_pct"] is not None for r in ok_rows)
-            else ", MFU blank (set PEAK_TFLOPS)"
-        )
-        print(
-            f"model FLOPs: {model['arch']} {model['image_size']}px {model['flops'] / 1e9:.2f} GFLOPs per training "
-            f"image (forward + backward); peak: {sources}{blank}"
-        )
-    else:
-        print(f"model TFLOP/s, MFU: not computed ({model['error']})")
+    print_summary(rows, checks, model)
     print(f"wrote {args.results}/benchmark.csv, benchmark.md, benchmark.png")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -1,25 +1,28 @@
 #!/usr/bin/env python3
-"""Per-process memory of DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), measured on the scripts themselves.
+"""Per-process memory of DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), measured on the
+scripts themselves.
 
-    OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py [--arch resnet152 [ARCH ...]] [--nproc 2]
-                                            [--batch 4] [--size 64] [--steps 2] [--json PATH] [--md PATH]
+    OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py [--arch resnet152 [ARCH ...]]
+        [--nproc 2] [--batch 4] [--size 64] [--steps 2] [--json PATH] [--md PATH]
 
-For each model (--arch) and each script, `python -m torch.distributed.run --standalone --nproc_per_node=N
-tools/fsdp_memory.py --worker SCRIPT` starts fresh processes (so each peak RSS is its backend's own). A worker
-imports the script as a module and runs its own code as its training loop does: init_distributed(args,
-local_rank, rank, world_size), create_model, build_optimizer, distribute(model, optimizer, args, device), then
---steps SGD steps of forward(...), backward and optimizer.step() on random images, on the CPU (gloo). It
-reports, per process (the largest over the ranks): bytes of parameters, gradients and momentum the process holds
-(FSDP: its local shards, DTensor.to_local()), DDP's gradient buckets (a second copy of the gradients:
-distributed.py leaves gradient_as_bucket_view off), resident memory at each stage, and the peak (ru_maxrss)
-above the RSS after `import torch`. The FSDP worker also reports the line distribute() prints: how many groups
-it sharded the model into, and the largest group's share of the parameters, which FSDP gathers whole for its
-forward and backward.
+For each model (--arch) and each script, `python -m torch.distributed.run --standalone
+--nproc_per_node=N tools/fsdp_memory.py --worker SCRIPT` starts fresh processes (so that each
+peak RSS is its backend's own). A worker imports the script as a module and runs its own code as
+its training loop does: init_distributed(args, local_rank, rank, world_size), create_model,
+build_optimizer, distribute(model, optimizer, args, device), then --steps SGD steps of
+forward(...), backward and optimizer.step() on random images, on the CPU (gloo). It reports, per
+process (the largest over the ranks): bytes of parameters, gradients and momentum the process
+holds (FSDP: its local shards, DTensor.to_local()), DDP's gradient buckets (a second copy of the
+gradients: distributed.py leaves gradient_as_bucket_view off), resident memory at each stage, and
+the peak (ru_maxrss) above the RSS after `import torch`. The FSDP worker also reports the line
+distribute() prints: how many groups it sharded the model into, and the largest group's share of
+the parameters, which FSDP gathers whole for its forward and backward.
 
-glibc keeps freed blocks below its adaptive mmap threshold for reuse, so RSS overstates what is live: the
-workers run with MALLOC_MMAP_THRESHOLD_=1048576 (unless set), which returns blocks of 1 MiB and more at once
-(65536 made an FSDP run abort at exit, likely vm.max_map_count). FSDP's peak includes the whole model each
-process builds before sharding it, as the training script does (it loads a resumed state into it).
+glibc keeps freed blocks below its adaptive mmap threshold for reuse, so RSS overstates what is
+live: the workers run with MALLOC_MMAP_THRESHOLD_=1048576 (unless set), which returns blocks of
+1 MiB and more at once (65536 made an FSDP run abort at exit, likely vm.max_map_count). FSDP's
+peak includes the whole model each process builds before sharding it, as the training script
+does (it loads a resumed state into it).
 """
 
 import argparse
@@ -54,12 +57,7 @@ COLUMNS = [
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--arch",
-        nargs="+",
-        default=["resnet152"],
-        help="torchvision models, measured one after the other (default: resnet152)",
-    )
+    p.add_argument("--arch", nargs="+", default=["resnet152"], help="torchvision models, in turn")
     p.add_argument("--nproc", type=int, default=2, help="processes (default: 2)")
     p.add_argument("--batch", type=int, default=4, help="global batch (default: 4)")
     p.add_argument("--size", type=int, default=64, help="image size (default: 64)")
@@ -98,19 +96,8 @@ def worker(a):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     rank, world, local_rank = (int(os.environ[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    args = script.build_parser().parse_args(
-        [
-            "--dummy",
-            "-a",
-            a.arch[0],
-            "-b",
-            str(a.batch),
-            "--image-size",
-            str(a.size),
-            "--dist-backend",
-            "gloo",
-        ]
-    )
+    shape = ["-a", a.arch[0], "-b", str(a.batch), "--image-size", str(a.size)]
+    args = script.build_parser().parse_args(["--dummy", *shape, "--dist-backend", "gloo"])
     script.resolve_defaults(args, world)
     device = script.init_distributed(args, local_rank, rank, world)
     args.amp, args.channels_last, _ = script.choose_precision(args, device)
@@ -183,31 +170,14 @@ def measure(a, arch, mode):
     env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={a.nproc}",
-            os.path.abspath(__file__),
-            "--worker",
-            mode,
-            "--result",
-            out,
-            "--arch",
-            arch,
-            "--batch",
-            str(a.batch),
-            "--size",
-            str(a.size),
-            "--steps",
-            str(a.steps),
-        ]
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        worker = [os.path.abspath(__file__), "--worker", mode, "--result", out, "--arch", arch]
+        sizes = ["--batch", str(a.batch), "--size", str(a.size), "--steps", str(a.steps)]
+        cmd = [*torchrun, f"--nproc_per_node={a.nproc}", *worker, *sizes]
         p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if p.returncode != 0 or not os.path.isfile(out):
-            sys.exit(
-                f"fsdp_memory.py: {SCRIPTS[mode]} failed on {arch} (exit {p.returncode}):\n{p.stderr[-3000:]}"
-            )
+            failed = f"{SCRIPTS[mode]} failed on {arch} (exit {p.returncode})"
+            sys.exit(f"fsdp_memory.py: {failed}:\n{p.stderr[-3000:]}")
         with open(out) as f:
             return json.load(f)
 
@@ -230,11 +200,12 @@ def report(a, runs, argv, load_before, load_after, wall):
         for i, x in enumerate(argv)
     )
     lines = [
-        f"# Memory per process: DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), {a.nproc} processes, CPU",
+        "# Memory per process: DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), "
+        f"{a.nproc} processes, CPU",
         "",
-        f"{a.nproc} processes, global batch {a.batch} ({a.batch // a.nproc} per process) at {a.size} px, "
-        f"{a.steps} SGD step(s) with momentum, fp32. MiB per process, the largest over the ranks; FSDP's "
-        "tensors are its local shards (DTensor.to_local()).",
+        f"{a.nproc} processes, global batch {a.batch} ({a.batch // a.nproc} per process) at "
+        f"{a.size} px, {a.steps} SGD step(s) with momentum, fp32. MiB per process, the largest "
+        "over the ranks; FSDP's tensors are its local shards (DTensor.to_local()).",
     ]
     for arch, rows in runs.items():
         ddp, fsdp = rows["ddp"], rows["fsdp"]
@@ -258,16 +229,16 @@ def report(a, runs, argv, load_before, load_after, wall):
         "",
         f"- command: `{command}`",
         f"- date: {datetime.date.today().isoformat()}; {wall:.0f} s in all",
-        f"- machine: {cpu_name()}, {os.cpu_count()} cores; load average before {load_before}, after "
-        f"{load_after}; {threads} thread(s) per process; torch {torch.__version__}",
-        f"- MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', '1048576')} in the workers: glibc "
-        "returns freed blocks of 1 MiB and more at once, so RSS shows what is live rather than what the "
-        "allocator keeps for reuse",
-        "- the tensor rows are exact; the RSS rows include the allocator's and the libraries' overhead. "
-        "DDP's gradient buckets are a second copy of the gradients (distributed.py leaves "
-        "gradient_as_bucket_view off). FSDP's peak includes the whole model each process builds before "
-        "sharding it, as fsdp_distributed.py does; past that, its peak is set by the activations and by "
-        "the groups gathered whole at a time, the largest above all.",
+        f"- machine: {cpu_name()}, {os.cpu_count()} cores; load average before {load_before}, "
+        f"after {load_after}; {threads} thread(s) per process; torch {torch.__version__}",
+        f"- MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', '1048576')} in the "
+        "workers: glibc returns freed blocks of 1 MiB and more at once, so RSS shows what is live "
+        "rather than what the allocator keeps for reuse",
+        "- the tensor rows are exact; the RSS rows include the allocator's and the libraries' "
+        "overhead. DDP's gradient buckets are a second copy of the gradients (distributed.py "
+        "leaves gradient_as_bucket_view off). FSDP's peak includes the whole model each process "
+        "builds before sharding it, as fsdp_distributed.py does; past that, its peak is set by the "
+        "activations and by the groups gathered whole at a time, the largest above all.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -277,9 +248,7 @@ def main():
     if a.worker:
         return worker(a)
     if a.batch < 2 * a.nproc:  # BatchNorm needs 2 samples per process in training
-        sys.exit(
-            f"fsdp_memory.py: --batch {a.batch} gives fewer than 2 images to each of {a.nproc} processes"
-        )
+        sys.exit(f"fsdp_memory.py: --batch {a.batch} gives fewer than 2 images to each process")
     with open("/proc/loadavg") as f:
         load_before = " ".join(f.read().split()[:3])
     t0 = datetime.datetime.now()

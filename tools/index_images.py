@@ -9,11 +9,12 @@ process of every job).
 The index goes beside the data (DATA/.image-lists/), or into the user's cache
 (~/.cache/pytorch-distributed, or $XDG_CACHE_HOME/pytorch-distributed) where the data is read-only:
 the two places the training scripts look. It holds the packed sample list the scripts build
-(distributed.py's list_images) and every folder it listed, with the modification time each had before
-it was read. The scripts use it only while every one of those folders still has that time: once an
-image is added, removed or renamed anywhere below, they list the folders themselves (and say so) until
-this tool is run again. The times are taken before listing and checked again after it, so an image
-added while this tool lists is never left out of an index that claims to be current: it lists again.
+(distributed.py's list_images) and every folder it listed, with the modification time each had
+before it was read. The scripts use it only while every one of those folders still has that time:
+once an image is added, removed or renamed anywhere below, they list the folders themselves (and
+say so) until this tool is run again. The times are taken before listing and checked again after
+it, so an image added while this tool lists is never left out of an index that claims to be
+current: it lists again.
 
 Several jobs may run it on the same data at once: each writes a temporary file of its own and
 renames it into place, so a reader sees a whole index or none, and the last rename wins.
@@ -34,7 +35,8 @@ import distributed  # noqa: E402  (the scripts' own listing and index names)
 
 
 def write_index(path, samples):
-    """Atomic: a temporary file named after this host and process, synced, then renamed over `path`."""
+    """Atomic: a temporary file named after this host and process, synced, then renamed over
+    `path`."""
     tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
@@ -49,7 +51,8 @@ def write_index(path, samples):
 
 
 def folder_times(folder):
-    """Every folder the listing walks (the folder itself and all below it) and its modification time."""
+    """Every folder the listing walks (the folder itself and all below it) and its modification
+    time."""
     return {
         os.path.relpath(d, folder): os.stat(d).st_mtime_ns
         for d, _, _ in os.walk(folder, followlinks=True)
@@ -60,7 +63,8 @@ def index(folder, attempts=3):
     """Writes the index of `folder` where the scripts look first that can be written; returns
     (path, samples). An index that is current already is left as it is."""
     for _ in range(attempts):
-        # the times are taken before the listing reads each folder, and again after: a change in between moves one
+        # the times are taken before the listing reads each folder, and again after: a change in
+        # between moves one
         before = folder_times(folder)
         samples, found, _ = distributed.list_images(folder)
         if found:
@@ -117,9 +121,8 @@ def main(argv=None):
             if not os.path.isdir(folder):
                 raise distributed.UserError(f"{folder} is not a folder")
             path, samples = index(folder)
-            print(
-                f"{folder}: {len(samples['targets'])} images in {len(samples['classes'])} classes -> {path}"
-            )
+            n, classes = len(samples["targets"]), len(samples["classes"])
+            print(f"{folder}: {n} images in {classes} classes -> {path}")
     except (distributed.UserError, OSError) as e:
         print(f"index_images.py: error: {e}", file=sys.stderr)
         return 2

@@ -16,7 +16,6 @@ WHEEL_CACHE="${HOROVOD_WHEEL_CACHE:-$HOME/.cache/pytorch-distributed/wheels}"
 usage() {
     cat <<EOF
 Usage: [PYTHON=path/to/python] $(basename "$0") [-h|--help] [--force] [--nccl] [--dry-run]
-       [PYTHON=path/to/python] $(basename "$0") --fetch DIR [--dry-run]
 
 Builds Horovod ${HOROVOD_VERSION} with the PyTorch and Gloo frontends and
 installs it into \$PYTHON's environment (default: python3). On a GPU machine
@@ -28,25 +27,12 @@ NCCL of torch's own pip wheel (nvidia-nccl-*), the one torch loads at run time.
   --nccl     build with NCCL even where nvidia-smi finds no GPU (a login
              node, a build container); needs the CUDA toolkit (nvcc)
   --dry-run  print the build configuration and exit, building nothing
-  --fetch DIR  where a package index is reachable: download what a machine
-             without one needs into DIR (horovod-VERSION.tar.gz and DIR/wheels:
-             the build dependencies as wheels for FETCH_PYTHON_VERSION, default
-             \$PYTHON's, and FETCH_PLATFORM, default manylinux2014_\$(uname -m));
-             carry DIR there and point HOROVOD_SDIST and HOROVOD_WHEELHOUSE at it
-
-Without a package index: HOROVOD_SDIST (a carried sdist) makes the build offline:
-pip runs with PIP_NO_INDEX=1 (and HOROVOD_WHEELHOUSE as PIP_FIND_LINKS), without
-build isolation, so nothing is downloaded; a build dependency that is neither
-importable nor in the wheelhouse stops it before the build, naming it.
-HOROVOD_OFFLINE=0 lets pip use an index with a local sdist; HOROVOD_OFFLINE=1
-makes any build offline (it then needs HOROVOD_SDIST or a cached wheel).
 
 Environment:
   PYTHON                 interpreter whose environment receives Horovod
   HOROVOD_WHEEL_CACHE    wheel cache dir (default: ~/.cache/pytorch-distributed/wheels)
   HOROVOD_VERSION        Horovod release to build (default: 0.28.1)
   HOROVOD_SDIST          path to horovod-VERSION.tar.gz to build instead of downloading it
-  HOROVOD_WHEELHOUSE     folder of wheels for the build dependencies (offline builds)
   CMAKE_POLICY_VERSION_MINIMUM
                          default 3.5: CMake 4 refuses the cmake_minimum_required(2.8.12)
                          of Horovod's bundled gloo without it
@@ -59,14 +45,13 @@ Environment:
 EOF
 }
 
-FORCE=0 NCCL=0 DRY_RUN=0 FETCH=""
+FORCE=0 NCCL=0 DRY_RUN=0
 while (($#)); do
     case "$1" in
         -h|--help) usage; exit 0 ;;
         --force) FORCE=1 ;;
         --nccl) NCCL=1 ;;
         --dry-run) DRY_RUN=1 ;;
-        --fetch) (($# >= 2)) || { echo "--fetch needs a folder" >&2; exit 2; }; FETCH=$2; shift ;;
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
     shift
@@ -81,29 +66,6 @@ command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON=$PYTHON not found"
 # deps too (setup.py imports horovod for its version, which imports horovod.runner), and without
 # build isolation setuptools and wheel must be installed already.
 BUILD_DEPS="cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging wheel:wheel setuptools:setuptools"
-
-if [[ -n $FETCH ]]; then
-    FETCH_PYTHON_VERSION=${FETCH_PYTHON_VERSION:-$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')}
-    FETCH_PLATFORM=${FETCH_PLATFORM:-manylinux2014_$(uname -m)}
-    dists=()
-    for dep in $BUILD_DEPS; do dists+=("${dep#*:}"); done
-    sdist_cmd=("$PYTHON" -m pip download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$FETCH")
-    wheels_cmd=("$PYTHON" -m pip download --only-binary :all: --python-version "$FETCH_PYTHON_VERSION"
-                --implementation cp --platform "$FETCH_PLATFORM" -d "$FETCH/wheels" "${dists[@]}")
-    log "fetch:    horovod $HOROVOD_VERSION sdist and the build dependencies (${dists[*]}) for Python" \
-        "$FETCH_PYTHON_VERSION on $FETCH_PLATFORM into $FETCH"
-    log "\$ ${sdist_cmd[*]}"
-    log "\$ ${wheels_cmd[*]}"
-    if ((DRY_RUN)); then
-        log "dry run: nothing downloaded"
-        exit 0
-    fi
-    mkdir -p "$FETCH/wheels"
-    "${sdist_cmd[@]}"
-    "${wheels_cmd[@]}"
-    log "done: carry $FETCH, then HOROVOD_SDIST=$FETCH/horovod-$HOROVOD_VERSION.tar.gz HOROVOD_WHEELHOUSE=$FETCH/wheels bash $0"
-    exit 0
-fi
 
 # one import of torch for what the build needs to know of it (an import takes seconds)
 TORCH_INFO=$("$PYTHON" -c 'import sys, torch; print(torch.__version__, torch.version.cuda or "-", f"cp{sys.version_info[0]}{sys.version_info[1]}")' 2>/dev/null) \
@@ -197,18 +159,6 @@ fi
 # ignore the variable.
 export CMAKE_POLICY_VERSION_MINIMUM="${CMAKE_POLICY_VERSION_MINIMUM:-3.5}"
 
-# No package index (a carried sdist): no pip call may reach for one.
-OFFLINE=${HOROVOD_OFFLINE:-}
-if [[ -z $OFFLINE ]]; then
-    if [[ -n ${HOROVOD_SDIST:-} ]]; then OFFLINE=1; else OFFLINE=0; fi
-fi
-if [[ $OFFLINE == 1 ]]; then
-    export PIP_NO_INDEX=1
-    if [[ -n ${HOROVOD_WHEELHOUSE:-} ]]; then
-        [[ -d $HOROVOD_WHEELHOUSE ]] || die "HOROVOD_WHEELHOUSE=$HOROVOD_WHEELHOUSE is not a folder"
-        export PIP_FIND_LINKS=$HOROVOD_WHEELHOUSE
-    fi
-fi
 # found without importing them (one quick interpreter start)
 read -r -a MISSING_DEPS <<<"$("$PYTHON" -c '
 import importlib.util, sys
@@ -242,22 +192,11 @@ if [[ ${HOROVOD_GPU_OPERATIONS:-} == NCCL ]]; then
 fi
 log "cache:    $CACHE_DIR"
 log "cmake:    ${CMAKE_VERSION:-not found} CMAKE_POLICY_VERSION_MINIMUM=$CMAKE_POLICY_VERSION_MINIMUM"
-if [[ $OFFLINE == 1 ]]; then
-    log "offline:  yes: sdist ${HOROVOD_SDIST:-from the cache}; pip --no-index (PIP_NO_INDEX=1)," \
-        "wheelhouse ${HOROVOD_WHEELHOUSE:-none}, no build isolation: nothing is downloaded"
-else
-    log "offline:  no: the sdist and missing build dependencies come from the package index"
-fi
+log "sdist:    ${HOROVOD_SDIST:-downloaded from the package index}"
 if ((${#MISSING_DEPS[@]})); then
-    log "deps:     missing ${MISSING_DEPS[*]}: pip installs them$([[ $OFFLINE == 1 ]] && echo " from the wheelhouse")"
+    log "deps:     missing ${MISSING_DEPS[*]}: pip installs them"
 else
     log "deps:     all importable"
-fi
-if [[ $OFFLINE == 1 && ${#MISSING_DEPS[@]} -gt 0 && -z ${HOROVOD_WHEELHOUSE:-} ]]; then
-    die "offline build, but ${MISSING_DEPS[*]} not importable in $PYTHON and no HOROVOD_WHEELHOUSE: fetch them where an index is reachable (bash $0 --fetch DIR) and set HOROVOD_WHEELHOUSE=DIR/wheels"
-fi
-if [[ $OFFLINE == 1 && -z $CMAKE_VERSION ]]; then
-    die "offline build, but no cmake on PATH (Horovod's setup.py would pip-install one)"
 fi
 if ((DRY_RUN)); then
     log "dry run: nothing built or installed"
@@ -265,7 +204,7 @@ if ((DRY_RUN)); then
 fi
 
 # Build isolation is off (see below), so build deps must be present here (BUILD_DEPS above);
-# only the missing ones are installed (offline: from HOROVOD_WHEELHOUSE).
+# only the missing ones are installed.
 if ((${#MISSING_DEPS[@]})); then
     "$PYTHON" -m pip install --quiet "${MISSING_DEPS[@]}"
 fi
@@ -289,11 +228,9 @@ else
     WORK="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"
     trap 'rm -rf "$WORK"' EXIT
 
-    if [[ -n ${HOROVOD_SDIST:-} ]]; then  # a machine without a package registry: the sdist carried there
+    if [[ -n ${HOROVOD_SDIST:-} ]]; then
         [[ -f $HOROVOD_SDIST ]] || die "HOROVOD_SDIST=$HOROVOD_SDIST is not a file"
         mkdir -p "$WORK/dl" && cp "$HOROVOD_SDIST" "$WORK/dl/horovod-$HOROVOD_VERSION.tar.gz"
-    elif [[ $OFFLINE == 1 ]]; then
-        die "offline build (HOROVOD_OFFLINE=1) without HOROVOD_SDIST: nothing to build from"
     else
         log "downloading horovod==$HOROVOD_VERSION sdist"
         "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: \

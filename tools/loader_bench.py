@@ -16,7 +16,8 @@ listed as skipped):
   tv-v2      torchvision.io.decode_image + transforms.v2 on a uint8 tensor
   tv         what the training scripts use (distributed.py: read_image + transforms): decode_image
              and transforms.v2 on uint8, with the random draws seeded per sample
-  simplejpeg simplejpeg (pip install simplejpeg: libjpeg-turbo, its own build) + the scripts' transforms
+  simplejpeg simplejpeg (pip install simplejpeg: libjpeg-turbo, its own build) + the scripts'
+             transforms
 
 Every path keeps the transforms' meaning: the same random-resized-crop and flip distribution
 for training, Resize(size * 256/224) + CenterCrop for validation, normalized float32 output.
@@ -154,24 +155,12 @@ def time_path(fn, files):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--data", default="data/imagenet-shaped", help="ImageFolder root with train/ and val/"
-    )
-    p.add_argument(
-        "--paths", default=",".join(PATHS), help=f"comma-separated subset of {', '.join(PATHS)}"
-    )
-    p.add_argument(
-        "--images", type=int, default=300, help="images per split and round (default: 300)"
-    )
-    p.add_argument(
-        "--rounds", type=int, default=3, help="rounds; the median is reported (default: 3)"
-    )
+    p.add_argument("--data", default="data/imagenet-shaped", help="with train/ and val/")
+    p.add_argument("--paths", default=",".join(PATHS), help="comma-separated, of those above")
+    p.add_argument("--images", type=int, default=300, help="images per split and round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds; the median is reported")
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="training transform only, print the one figure (img/s/core)",
-    )
+    p.add_argument("--quick", action="store_true", help="training only, one figure: img/s/core")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     torch.set_num_threads(1)  # a loader worker runs one thread (the DataLoader sets it so)
@@ -180,9 +169,8 @@ def main(argv=None):
     if unknown:
         p.error(f"unknown path(s) {unknown}; choose from {', '.join(PATHS)}")
     if not os.path.isdir(args.data):
-        p.error(
-            f"data folder {args.data} does not exist (make one: python tools/make_demo_data.py --imagenet)"
-        )
+        make = "python tools/make_demo_data.py --imagenet"
+        p.error(f"data folder {args.data} does not exist (make one: {make})")
     splits = [("train", True)] if args.quick else [("train", True), ("val", False)]
     random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -210,11 +198,12 @@ def main(argv=None):
         return 0
     print(
         f"# loader_bench.py: {args.data}, {sum(len(f) for f in files.values())} files "
-        f"(mean {np.mean(sizes) / 1000:.0f} KB), {args.image_size} px, median of {args.rounds} rounds, "
-        f"1 thread, torch {torch.__version__}"
+        f"(mean {np.mean(sizes) / 1000:.0f} KB), {args.image_size} px, median of {args.rounds} "
+        f"rounds, 1 thread, torch {torch.__version__}"
     )
     print(
-        "| path | train img/s per core | val img/s per core | train vs pil | val vs pil | train img/s (wall) |"
+        "| path | train img/s per core | val img/s per core | train vs pil | val vs pil "
+        "| train img/s (wall) |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     med = {k: statistics.median(v) for k, v in cpu.items()}

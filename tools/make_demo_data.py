@@ -6,13 +6,12 @@
 
 Layout is ImageFolder's, as for ImageNet: <out>/train/<class>/*.JPEG and
 <out>/val/<class>/*.JPEG, plus <out>/DEMO_DATA.txt, which tells the training scripts to use
-their demo settings instead of the ImageNet recipe. Each class has its own colour and shape drawn at a random
-place, size and rotation on a noisy background, at varied image sizes, so the classes
-are easy to tell apart yet a network still has to learn something: a ResNet-18 on a
-2-core CPU gets well above chance within a few epochs. The same --seed writes the
-same bytes.
+their demo settings instead of the ImageNet recipe. Each class has its own colour and shape
+drawn at a random place, size and rotation on a noisy background, at varied image sizes, so the
+classes are easy to tell apart yet a network still has to learn something: a ResNet-18 on a
+2-core CPU gets well above chance within a few epochs. The same --seed writes the same bytes.
 
-    python tools/make_demo_data.py --imagenet --out data/imagenet-shaped --train-images 20000 --val-images 2000
+    python tools/make_demo_data.py --imagenet --out data/imagenet-shaped --train-images 20000
 
 --imagenet writes data shaped like ImageNet's instead, to time the input pipeline on: 1000
 class folders (or --classes) named like ImageNet's (n + 8 digits), images with ImageNet's
@@ -24,6 +23,7 @@ image size; the same --seed writes the same bytes whatever --jobs.
 """
 
 import argparse
+import functools
 import math
 import multiprocessing
 import os
@@ -117,6 +117,7 @@ TEXTURE = 768  # side of the textures each image is cut from
 TEXTURES = 16  # textures per generator process (the same ones in every process)
 GRAIN = 1024  # side of the sensor-grain image
 GRAIN_SIGMA = 12.0  # grey levels of sensor grain: with DETAIL, sets how large the files are
+CHUNK = 64  # images a worker process writes at a time
 DETAIL = (
     1.05  # amplitude ratio from one octave of texture to the next finer (detail at every scale)
 )
@@ -199,7 +200,8 @@ _BANK = {}
 
 
 def bank(seed):
-    """Textures and grain, made once per process from the seed alone (so --jobs does not change the output)."""
+    """Textures and grain, made once per process from the seed alone (so that --jobs does not
+    change the output)."""
     if seed not in _BANK:
         rng = np.random.default_rng([seed, 1])
         textures = [make_texture(rng) for _ in range(TEXTURES)]
@@ -246,10 +248,11 @@ def photo(seed, split, index, label, num_classes):
     return im
 
 
-def write_photos(task):
-    seed, split, split_id, start, names, labels, num_classes, out = task
+def write_photos(seed, num_classes, out, task):
+    """Writes a chunk of a split's images; returns (bytes, width, height) of each."""
+    split, split_id, start, names, labels = task
     sizes = []
-    for k, (name, label) in enumerate(zip(names, labels)):
+    for k, (name, label) in enumerate(zip(names, labels, strict=True)):
         im = photo(seed, split_id, start + k, label, num_classes)
         path = os.path.join(out, split, name)
         im.save(path, quality=90)
@@ -257,41 +260,33 @@ def write_photos(task):
     return sizes
 
 
+def imagenet_names(classes, split, total):
+    """(file names, labels) of a split, named as ImageNet's: n01440764/n01440764_10026.JPEG for
+    training, ILSVRC2012_val_00000001.JPEG for validation."""
+    names, labels = [], []
+    for c, count in enumerate(per_class(total, len(classes))):
+        for i in range(count):
+            val_name = f"ILSVRC2012_val_{len(names) + 1:08d}.JPEG"
+            file = f"{classes[c]}_{i + 1}.JPEG" if split == "train" else val_name
+            names.append(os.path.join(classes[c], file))
+            labels.append(c)
+    return names, labels
+
+
 def write_imagenet(out, train, val, num_classes, seed, jobs):
     classes = imagenet_class_names(num_classes, seed)
-    tasks = []
+    tasks = []  # chunks of CHUNK images, a process's unit of work
     for split_id, (split, total) in enumerate((("train", train), ("val", val))):
-        names, labels = [], []
-        for c, count in enumerate(per_class(total, num_classes)):
-            os.makedirs(os.path.join(out, split, classes[c]), exist_ok=True)
-            for i in range(
-                count
-            ):  # ImageNet's names: n01440764/n01440764_10026.JPEG, ILSVRC2012_val_00000001.JPEG
-                file = (
-                    f"{classes[c]}_{i + 1}.JPEG"
-                    if split == "train"
-                    else f"ILSVRC2012_val_{len(names) + 1:08d}.JPEG"
-                )
-                names.append(os.path.join(classes[c], file))
-                labels.append(c)
-        chunk = 64
-        tasks += [
-            (
-                seed,
-                split,
-                split_id,
-                s,
-                names[s : s + chunk],
-                labels[s : s + chunk],
-                num_classes,
-                out,
-            )
-            for s in range(0, len(names), chunk)
-        ]
+        for name in classes:
+            os.makedirs(os.path.join(out, split, name), exist_ok=True)
+        names, labels = imagenet_names(classes, split, total)
+        for s in range(0, len(names), CHUNK):
+            tasks.append((split, split_id, s, names[s : s + CHUNK], labels[s : s + CHUNK]))
+    write = functools.partial(write_photos, seed, num_classes, out)
     start = time.perf_counter()
     stats = []
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        for i, sizes in enumerate(pool.imap_unordered(write_photos, tasks)):
+        for sizes in pool.imap_unordered(write, tasks):
             stats += sizes
             if sys.stdout.isatty():
                 print(f"\r{len(stats)}/{train + val} images", end="", flush=True)
@@ -304,8 +299,8 @@ def write_imagenet(out, train, val, num_classes, seed, jobs):
         f"{elapsed:.0f} s ({len(stats) / elapsed:.0f} images/s with {jobs} process(es))"
     )
     print(
-        f"mean file size {stats[:, 0].mean() / 1000:.1f} KB (ImageNet: about 110 KB), mean image size "
-        f"{stats[:, 1].mean():.0f}x{stats[:, 2].mean():.0f} px (ImageNet: about 400x350), "
+        f"mean file size {stats[:, 0].mean() / 1000:.1f} KB (ImageNet: about 110 KB), mean image "
+        f"size {stats[:, 1].mean():.0f}x{stats[:, 2].mean():.0f} px (ImageNet: about 400x350), "
         f"median {np.median(stats[:, 1]):.0f}x{np.median(stats[:, 2]):.0f}, "
         f"{stats[:, 0].sum() / 1e9:.2f} GB in all"
     )
@@ -314,36 +309,12 @@ def write_imagenet(out, train, val, num_classes, seed, jobs):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="data/demo", help="output folder (default: data/demo)")
-    p.add_argument(
-        "--imagenet",
-        action="store_true",
-        help="ImageNet-shaped data: 1000 classes, ImageNet's image sizes and file sizes (see above)",
-    )
-    p.add_argument(
-        "--classes",
-        type=int,
-        default=None,
-        help="number of classes (default: 10; 1000 with --imagenet)",
-    )
-    p.add_argument(
-        "--train-images",
-        type=int,
-        default=None,
-        help="training images in all (default: 64 per class)",
-    )
-    p.add_argument(
-        "--val-images",
-        type=int,
-        default=None,
-        help="validation images in all (default: 16 per class)",
-    )
+    p.add_argument("--imagenet", action="store_true", help="ImageNet-shaped data (see above)")
+    p.add_argument("--classes", type=int, help="default: 10; 1000 with --imagenet")
+    p.add_argument("--train-images", type=int, help="in all (default: 64 per class)")
+    p.add_argument("--val-images", type=int, help="in all (default: 16 per class)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--jobs",
-        type=int,
-        default=os.cpu_count(),
-        help="processes for --imagenet (default: all cores)",
-    )
+    p.add_argument("--jobs", type=int, default=os.cpu_count(), help="processes for --imagenet")
     p.add_argument("--force", action="store_true", help="write even if the folder is not empty")
     args = p.parse_args(argv)
     if args.classes is None:
@@ -367,11 +338,13 @@ def main(argv=None):
         os.path.join(args.out, "DEMO_DATA.txt"), "w"
     ) as f:  # the training scripts look for this name
         f.write(
-            "Demo data made by tools/make_demo_data.py. The training scripts use their few-minute demo\n"
-            "settings on this folder (global batch 32, 3 epochs, 2 loader workers), not ImageNet's.\n"
+            "Demo data made by tools/make_demo_data.py. The training scripts use their few-minute "
+            "demo\nsettings on this folder (global batch 32, 3 epochs, 2 loader workers), not "
+            "ImageNet's.\n"
         )
     print(
-        f"wrote {train} training and {val} validation images in {args.classes} classes to {args.out}"
+        f"wrote {train} training and {val} validation images in {args.classes} classes to "
+        f"{args.out}"
     )
     return 0
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up what the test suite needs on this machine, then run it:
-#   bash tools/test.sh [pytest arguments...]
+#   bash dev/test.sh [pytest arguments...]
+#   bash dev/test.sh -m gpu            # on a GPU node: the GPU tests (docs/gpu.md)
 # Makes .venv (or $VENV) with requirements-dev.txt, builds Horovod into it
 # (tools/install-horovod.sh, cached), starts the one-node Slurm cluster when run as root
 # (tools/slurm-local.sh; stopped again afterwards if this script started it), installs
@@ -10,11 +11,12 @@
 # backend fails its tests unless ALLOW_MISSING_BACKENDS=1, which turns those failures into
 # visible skips. Run by a user who is not root, the tests that need root (test hosts, the Slurm
 # cluster when none runs, a tmpfs) skip, each naming what it needs. With CI=true nothing is
-# skipped: those tests fail, and ALLOW_MISSING_BACKENDS is ignored.
+# skipped: those tests fail, and ALLOW_MISSING_BACKENDS is ignored. With -m gpu only the GPU tests
+# run, which need neither the Slurm cluster nor test hosts: neither is set up.
 # VENV, absolute or relative to the current folder, names another environment to use or make.
 set -euo pipefail
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
 # absolute from here on: the tests start programs by name from $VENV/bin (PATH, below)
@@ -27,15 +29,25 @@ VENV=${VENV:-$PWD/.venv}
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
 PYTHON="$VENV/bin/python" bash tools/install-horovod.sh
 
+# -m gpu: the GPU tests alone, which use neither test hosts nor the Slurm cluster
+gpu_only=0
+prev=
+for arg in "$@"; do
+  if [ "$prev $arg" = "-m gpu" ]; then gpu_only=1; fi
+  prev=$arg
+done
+
 # tests/test_multihost.py: network namespaces (iproute2, util-linux) and an sshd per test host
 # for horovodrun (openssh-server); as root, installed when missing
-if [ "$(id -u)" = 0 ]; then
+if [ "$gpu_only" = 1 ]; then
+  :
+elif [ "$(id -u)" = 0 ]; then
   missing=()
   [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
   command -v ip >/dev/null || [ -x /usr/sbin/ip ] || missing+=(iproute2)
   command -v setpriv >/dev/null || missing+=(util-linux)
   if [ "${#missing[@]}" -gt 0 ]; then
-    echo "tools/test.sh: installing ${missing[*]} (for tests/test_multihost.py)" >&2
+    echo "dev/test.sh: installing ${missing[*]} (for tests/test_multihost.py)" >&2
     DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
     # the package's scripts must not start a system sshd: the tests start one in each test host
     policy_made=0
@@ -45,15 +57,15 @@ if [ "$(id -u)" = 0 ]; then
     status=0
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null || status=$?
     if [ "$policy_made" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
-    if [ "$status" != 0 ]; then echo "tools/test.sh: apt-get install ${missing[*]} failed" >&2; exit 1; fi
+    if [ "$status" != 0 ]; then echo "dev/test.sh: apt-get install ${missing[*]} failed" >&2; exit 1; fi
   fi
 else
-  echo "tools/test.sh: not root, so no test hosts (network namespaces): tests/test_multihost.py skips" >&2
+  echo "dev/test.sh: not root, so no test hosts (network namespaces): tests/test_multihost.py skips" >&2
 fi
 
 # the local Slurm cluster, unless the arguments name test files none of which is in the "cluster"
 # group (helpers.CLUSTER): .ci/run's second pass, say, need not start and stop it
-cluster=1
+cluster=$((1 - gpu_only))
 paths=()
 for arg in "$@"; do case $arg in tests/*) paths+=("${arg%%::*}") ;; esac; done
 if [ "${#paths[@]}" -gt 0 ] && ! grep -rqs CLUSTER "${paths[@]}"; then cluster=0; fi
@@ -66,7 +78,7 @@ elif [ "$(id -u)" = 0 ] && [ -f tools/slurm-local.sh ]; then
   bash tools/slurm-local.sh status >/dev/null 2>&1 || started_slurm=1
   bash tools/slurm-local.sh up
 elif [ "$(id -u)" != 0 ]; then
-  echo "tools/test.sh: not root, so no local Slurm cluster is started: the Slurm tests run only if one runs" >&2
+  echo "dev/test.sh: not root, so no local Slurm cluster is started: the Slurm tests run only if one runs" >&2
 fi
 stop_slurm() { if [ "$started_slurm" = 1 ]; then bash tools/slurm-local.sh down; fi; }
 trap stop_slurm EXIT

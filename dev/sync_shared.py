@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Keep the shared blocks of the training scripts equal to distributed.py's.
 
-    python tools/sync_shared.py          # copy distributed.py's shared blocks into the others
-    python tools/sync_shared.py --check  # exit 1, naming script and block, if a copy drifted
+    python dev/sync_shared.py          # copy distributed.py's shared blocks into the others
+    python dev/sync_shared.py --check  # exit 1, naming script and block, if a copy drifted
 
 A shared block runs from a line "# ---- shared: NAME (...) ----" to "# ---- end shared: NAME ----".
 Each script is self-contained on purpose (users copy one file), so the loop is copied
@@ -60,7 +60,7 @@ def main(argv):
             continue
         if check:
             bad += [
-                f"{name}: shared block '{b}' differs from {SOURCE} (run python tools/sync_shared.py)"
+                f"{name}: shared block '{b}' differs from {SOURCE} (run python dev/sync_shared.py)"
                 for b in drifted
             ]
             continue
