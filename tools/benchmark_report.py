@@ -5,20 +5,11 @@
     python tools/benchmark_report.py cpu-peak --threads 1,2 --json results/runs/cpu_peak.json
     python tools/benchmark_report.py --network --hosts 2 --batch 16 ...   # start.sh --hosts N
 
-Reads RESULTS/runs/manifest.tsv (a line per backend, written by start.sh: name, label, status
-ok/failed/skipped, processes, threads per process, GPUs, exit status, wall seconds, command or
-reason) and each run's RESULTS/runs/NAME/metrics.jsonl (rank 0's epochs) and stats.csv
-(statistics.sh's samples). matplotlib draws the chart. Commands are shown as a user types them
-in the checkout: `.venv/bin/python distributed.py`, not this machine's absolute paths.
-
-MFU (model FLOPs utilization), as nanoGPT counts it: images/s x the training FLOPs of an image,
-over the peak of the hardware the run used. The FLOPs are counted by torch's FlopCounterMode
-(convolutions and matrix products, 2 FLOPs a multiply-add; norms, activations and the loss are
-under 1% of a ResNet). A backward pass costs twice its forward, less the first convolution's
-input gradient, which autograd skips: ResNet-18 at 224 px trains at 3 x 3.63 - 0.24 = 10.65
-GFLOPs an image. The peak is PEAK_TFLOPS (the run's total), else the GPUs' dense bf16 figure
-(GPU_PEAK_TFLOPS), else on CPU the matmul peak `cpu-peak` measured before the runs: P processes
-x T threads in precision X against P x peak_X(T).
+It reads each run's RESULTS/runs/NAME/metrics.jsonl (rank 0's epochs) and stats.csv
+(statistics.sh's samples), and shows commands as a user types them in the checkout. MFU, as
+nanoGPT counts it: images/s x the training FLOPs of an image over the peak of the hardware the
+run used; on CPU, P processes x T threads in precision X against P x the matmul peak of X at T
+threads that `cpu-peak` measured before the runs (docs/benchmark.md).
 """
 
 import argparse
@@ -37,26 +28,17 @@ import subprocess
 import sys
 import textwrap
 
+from scaling_model import Link, calibrated, fsdp_step_time, parse_rate, rebucket, step_time
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (run under test, baseline, minimum ratio, what it checks). The mixed-precision bar depends on the
 # hardware: where bf16 (or fp16 on GPUs) runs natively, --amp auto must pay off; elsewhere it picks
 # fp32 and must merely cost nothing.
 AMP_BAR_NATIVE, AMP_BAR_OTHER = 1.8, 0.95
-BARS = {
-    "amp": (
-        "apex",
-        "distributed",
-        None,
-        "mixed precision (apex_distributed.py, --amp auto: {amp}) vs fp32 DDP, images/s, {hw}",
-    ),
-    "ddp": (
-        "distributed",
-        "dataparallel",
-        0.90,
-        "DDP {p} procs x {t} thread(s) vs one process x {c} threads, images/s",
-    ),
-}
+AMP_WHAT = "mixed precision (apex_distributed.py, --amp auto: {amp}) vs fp32 DDP, images/s, {hw}"
+DDP_WHAT = "DDP {p} procs x {t} thread(s) vs one process x {c} threads, images/s"
+BARS = [("apex", "distributed", None, AMP_WHAT), ("distributed", "dataparallel", 0.90, DDP_WHAT)]
 DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
 
 # Dense (no 2:4 sparsity) bf16 tensor-core TFLOP/s of one GPU, from NVIDIA's data sheets, as
@@ -65,9 +47,7 @@ DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
 # NVL parts (H100 NVL, H200 NVL: lower clocks) match none: set PEAK_TFLOPS for those and others.
 GPU_PEAK_TFLOPS = [
     ("H100 PCIE", 756.0),
-    ("H100 SXM", 989.0),
-    ("H100 80GB HBM3", 989.0),  # what nvidia-smi calls the H100 SXM5
-    ("H100", 989.0),  # other H100 names: the SXM figure
+    ("H100", 989.0),  # the SXM figure: "H100 80GB HBM3" (nvidia-smi's SXM5) and other H100 names
     ("H200", 989.0),
     ("GH200", 989.0),  # Grace Hopper: its H100 GPU
     ("A100", 312.0),  # SXM and PCIe alike
@@ -75,19 +55,67 @@ GPU_PEAK_TFLOPS = [
     ("V100", 125.0),  # SXM2; the V100 PCIe's figure is 112
 ]
 
-# benchmark.csv's columns
+# start.sh's manifest.tsv, and benchmark.csv's columns
+MANIFEST = "backend launcher status processes threads_per_process gpus rc wall_s command".split()
 COLUMNS = """backend launcher status processes threads_per_process gpus images_per_s train_tflops
 mfu_pct peak_tflops epoch_time_s val_acc1 peak_memory_rank0_mb peak_rss_tree_mb mean_util util_kind
 images_per_core_s data_wait_pct wall_s note loader_images_per_core_s loader_cores_needed""".split()
+CSV_DIGITS = {"train_tflops": 4, "mfu_pct": 3, "peak_tflops": 4, "loader_cores_needed": 4}
+
+
+def main(argv):
+    if argv[:1] == ["cpu-peak"]:
+        return cpu_peak_main(argv[1:])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--results", default="results")
+    p.add_argument("--command", default="bash start.sh")
+    p.add_argument("--wall", type=float, default=0.0, help="seconds the whole start.sh run took")
+    p.add_argument("--title", default="pytorch-distributed backends")
+    p.add_argument("--config", default="", help="one line describing the configuration")
+    p.add_argument("--load-before", default="")
+    p.add_argument("--load-after", default="")
+    p.add_argument("--arch", help="model of the runs (default: what their metrics.jsonl say)")
+    p.add_argument("--image-size", type=int, help="default: the runs' --image-size, else 224")
+    p.add_argument("--loader-ips", type=float, help="tools/loader_bench.py --quick on the data")
+    peak = os.environ.get("PEAK_TFLOPS") or None
+    p.add_argument("--peak-tflops", type=float, default=peak, help="default: PEAK_TFLOPS")
+    p.add_argument("--network", action="store_true", help="report start.sh --hosts N instead")
+    p.add_argument("--hosts", type=int, help="with --network: the number of hosts")
+    p.add_argument("--batch", type=int, help="with --network: the global batch of a row")
+    p.add_argument("--workers", type=int, default=0, help="with --network: loader processes")
+    args = p.parse_args(argv)
+    args.command, args.config = as_typed(args.command), as_typed(args.config)
+    if args.network:
+        return network_report(args)
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        p.error(f"--peak-tflops / PEAK_TFLOPS must be positive, not {args.peak_tflops}")
+    rows = summarise(args.results, args.loader_ips)
+    if not rows:
+        sys.exit(f"{sys.argv[0]}: no runs in {args.results}/runs/manifest.tsv")
+    info = machine_info()
+    peak_file = os.path.join(args.results, "runs", "cpu_peak.json")
+    info["cpu_peak"] = json.load(open(peak_file)) if os.path.isfile(peak_file) else None
+    native = any(map(uses_gpus, rows)) or bool(info["cpu_peak"] and info["cpu_peak"]["native_bf16"])
+    checks = check_bars(rows, native)
+    info["model"] = model = count_model(rows, args.arch, args.image_size)
+    add_mfu(rows, model["flops"], args.peak_tflops, cpu_peak=info["cpu_peak"])
+    write_csv(rows, os.path.join(args.results, "benchmark.csv"))
+    write_md(rows, checks, info, args, os.path.join(args.results, "benchmark.md"))
+    write_png(rows, checks, info, args, os.path.join(args.results, "benchmark.png"))
+    print_summary(rows, checks, model)
+    print(f"wrote {args.results}/benchmark.csv, benchmark.md, benchmark.png")
+
 
 # ---- the model's FLOPs and the hardware's peak ----
 
 
 @functools.cache
 def train_flops_per_image(arch, image_size, num_classes=1000):
-    """FLOPs of one forward and backward pass of torchvision's `arch` per image, counted on the
-    meta device (nothing is computed): a batch of 2, which keeps BatchNorm's training mode valid
-    where a feature map is 1 x 1. num_classes changes only the last layer (0.03% of ResNet-18)."""
+    """FLOPs of one forward and backward pass of torchvision's `arch` per image: convolutions and
+    matrix products (norms, activations and the loss are under 1% of a ResNet), counted on the
+    meta device with a batch of 2, which keeps BatchNorm's training mode valid where a feature
+    map is 1 x 1. The backward pass costs twice the forward, less the first convolution's input
+    gradient, which autograd skips: ResNet-18 at 224 px trains at 3 x 3.63 - 0.24 = 10.65 GFLOPs."""
     import torch
     import torchvision
     from torch.utils.flop_counter import FlopCounterMode
@@ -103,6 +131,23 @@ def train_flops_per_image(arch, image_size, num_classes=1000):
     return counter.get_total_flops() / 2
 
 
+def count_model(rows, arch=None, image_size=None):
+    """The runs' model: arch and image size as given, else what their metrics and commands say
+    (else the scripts' 224 px); flops: the training FLOPs of an image, or None and error: why."""
+    arch = arch or next((r["arch"] for r in rows if r.get("arch")), None)
+    ran = (r for r in rows if r["status"] != "skipped")
+    sizes = (re.search(r"--image-size[ =](\d+)", r["command"]) for r in ran)
+    image_size = image_size or next((int(m.group(1)) for m in sizes if m), 224)
+    model = dict(arch=arch, image_size=image_size, flops=None, error="no arch known")
+    if arch:
+        try:
+            model["flops"] = train_flops_per_image(arch, image_size)
+        except Exception as e:  # a model FlopCounterMode cannot run: the report without MFU
+            model["error"] = f"counting {arch} at {image_size} px failed: {type(e).__name__}: {e}"
+            print(f"{sys.argv[0]}: warning: {model['error']}", file=sys.stderr)
+    return model
+
+
 def cpu_peak(thread_counts, seconds=1.0):
     """The CPU's capability as the scripts' --amp auto sees it (distributed.py's cpu_bf16_support,
     which honours ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA), and its matmul GFLOP/s at each
@@ -115,16 +160,14 @@ def cpu_peak(thread_counts, seconds=1.0):
 
     native_bf16, capability = cpu_bf16_support()
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    peaks = {}
-    precisions = (
-        {"fp32": torch.float32, "bf16": torch.bfloat16} if native_bf16 else {"fp32": torch.float32}
-    )
-    for name, dtype in precisions.items():
+    peaks = {"fp32": {}, "bf16": {}} if native_bf16 else {"fp32": {}}
+    for name, by_threads in peaks.items():
+        dtype = torch.bfloat16 if name == "bf16" else torch.float32
         operands = dict(a=a.to(dtype), b=b.to(dtype))
         for t in thread_counts:
             timer = benchmark.Timer("torch.mm(a, b)", globals=operands, num_threads=t)
             best = min(timer.blocked_autorange(min_run_time=seconds).times)
-            peaks.setdefault(name, {})[str(t)] = round(2 * 1024**3 / best / 1e9, 1)
+            by_threads[str(t)] = round(2 * 1024**3 / best / 1e9, 1)
     method = "best block of torch.utils.benchmark's torch.mm 1024 x 1024 per thread count"
     return dict(capability=capability, native_bf16=native_bf16, peak_gflops=peaks, method=method)
 
@@ -146,17 +189,15 @@ def cpu_peak_main(argv):
             json.dump(peak, f, indent=1)
 
 
-def cpu_line(cpu_peak):
+def cpu_line(peak):
     """'AVX2, native bf16: no; measured matmul peak (...): fp32 95 GFLOP/s at 1 thread(s)'."""
     peaks = "; ".join(
         f"{dtype} " + ", ".join(f"{g:g} GFLOP/s at {t} thread(s)" for t, g in by.items())
-        for dtype, by in cpu_peak["peak_gflops"].items()
+        for dtype, by in peak["peak_gflops"].items()
     )
-    native = "yes" if cpu_peak["native_bf16"] else "no"
-    method = cpu_peak["method"]
-    return (
-        f"{cpu_peak['capability']}, native bf16: {native}; measured matmul peak ({method}): {peaks}"
-    )
+    native = "yes" if peak["native_bf16"] else "no"
+    measured = f"measured matmul peak ({peak['method']}): {peaks}"
+    return f"{peak['capability']}, native bf16: {native}; {measured}"
 
 
 def gpu_peak_tflops(name):
@@ -173,17 +214,22 @@ def gpu_peak_tflops(name):
 
 def nvidia_smi_gpus():
     """{index: name, uuid: name} of this machine's GPUs; {} without nvidia-smi."""
-    query = ["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"]
-    try:
-        out = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
     gpus = {}
-    for line in out.splitlines():
+    for line in output_of(["nvidia-smi", "--query-gpu=index,uuid,name", "--format=csv,noheader"]):
         index, uuid, name = ([x.strip() for x in line.split(",", 2)] + ["", ""])[:3]
         if name:
             gpus[index] = gpus[uuid] = name
     return gpus
+
+
+def output_of(command):
+    """The lines a command prints; none where it is not installed or does not answer."""
+    try:
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=10
+        ).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return []
 
 
 def run_peak(row, peak_tflops=None, gpu_names=None, cpu_peak=None):
@@ -209,9 +255,8 @@ def run_peak(row, peak_tflops=None, gpu_names=None, cpu_peak=None):
         return None, f"CPU run in {precision}: not native on this CPU ({cpu_peak['capability']})"
     if not procs.isdigit() or threads not in by_threads:
         return None, f"CPU run: no peak measured at {threads} thread(s)"
-    peak = int(procs) * by_threads[threads] / 1000
     source = f"{procs} x {by_threads[threads]:g} GFLOP/s measured {precision} matmul"
-    return peak, f"CPU: {source} at {threads} thread(s)"
+    return int(procs) * by_threads[threads] / 1000, f"CPU: {source} at {threads} thread(s)"
 
 
 def add_mfu(rows, flops_per_image, peak_tflops=None, gpu_names=None, cpu_peak=None):
@@ -267,6 +312,13 @@ def quote(word):
     return word if re.fullmatch(r"[A-Za-z0-9_./,:=+@%-]+", word) else shlex.quote(word)
 
 
+def read_manifest(path, keys):
+    """The lines of a manifest.tsv that have all their fields, as dicts."""
+    with open(path) as f:
+        lines = [line.rstrip("\n").split("\t") for line in f]
+    return [dict(zip(keys, parts[:9], strict=True)) for parts in lines if len(parts) >= 9]
+
+
 def read_metrics(path):
     if not os.path.isfile(path):
         return []
@@ -307,78 +359,64 @@ def mean(values):
     return statistics.mean(values) if values else None
 
 
-def summarise(results):
-    """A row per backend of the manifest, with what its metrics and samples say."""
+def summarise(results, loader_ips=None):
+    """A row per backend of the manifest, with what its metrics and samples say. loader_ips: the
+    images one loader process decodes and augments per CPU second (tools/loader_bench.py --quick
+    on the runs' data), which a run's images/s over it turns into the loader cores it needs."""
     rows = []
-    with open(os.path.join(results, "runs", "manifest.tsv")) as f:
-        manifest = [line.rstrip("\n").split("\t") for line in f]
-    for name, label, status, procs, threads, gpus, rc, wall, command in (
-        m[:9] for m in manifest if len(m) >= 9
-    ):
-        run_dir = os.path.join(results, "runs", name)
-        metrics = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-        util, util_kind, peak_tree = read_stats(os.path.join(run_dir, "stats.csv"), gpus)
+    for m in read_manifest(os.path.join(results, "runs", "manifest.tsv"), MANIFEST):
+        name, status = m["backend"], m["status"]
+        metrics = read_metrics(os.path.join(results, "runs", name, "metrics.jsonl"))
+        stats = read_stats(os.path.join(results, "runs", name, "stats.csv"), m["gpus"])
         last = metrics[-1] if metrics else {}
-        row = dict(
-            backend=name,
-            launcher=label,
-            status=status,
-            processes=procs,
-            threads_per_process=threads,
-            gpus=gpus,
-            wall_s=wall,
-            images_per_s=last.get("train_images_per_s"),
-            epoch_time_s=last.get("epoch_time_s"),
-            val_acc1=last.get("val_acc1"),
-            peak_memory_rank0_mb=max((r.get("peak_memory_mb", 0) for r in metrics), default=None),
-            peak_rss_tree_mb=peak_tree,
-            mean_util=util,
-            util_kind=util_kind,
-            data_wait_pct=max((100 * r.get("data_wait_frac", 0) for r in metrics), default=None),
-            command=as_typed(command).strip(),
-            amp=last.get("amp"),
-            arch=last.get("arch"),
-            note="",
+        row = dict(m, command=as_typed(m["command"]).strip(), amp=last.get("amp"), note="")
+        row.update(arch=last.get("arch"), images_per_s=last.get("train_images_per_s"))
+        row.update(epoch_time_s=last.get("epoch_time_s"), val_acc1=last.get("val_acc1"))
+        row["peak_memory_rank0_mb"] = max(
+            (r.get("peak_memory_mb", 0) for r in metrics), default=None
         )
+        row["data_wait_pct"] = max(
+            (100 * r.get("data_wait_frac", 0) for r in metrics), default=None
+        )
+        row["mean_util"], row["util_kind"], row["peak_rss_tree_mb"] = stats
         if status == "skipped":
-            row["note"] = as_typed(command)
+            row["note"] = as_typed(m["command"])
         elif status == "failed":
-            row["note"] = f"exit status {rc}; see runs/{name}/run.log"
+            row["note"] = f"exit status {m['rc']}; see runs/{name}/run.log"
         elif not metrics:
             row["status"], row["note"] = "failed", f"no metrics.jsonl; see runs/{name}/run.log"
         row["images_per_core_s"] = None
-        if util and util_kind == "CPU %" and row["images_per_s"]:
-            row["images_per_core_s"] = row["images_per_s"] / (util / 100)
-        if name == "slurm" and util_kind == "CPU %":
+        if row["mean_util"] and row["util_kind"] == "CPU %" and row["images_per_s"]:
+            row["images_per_core_s"] = row["images_per_s"] / (row["mean_util"] / 100)
+        if name == "slurm" and row["util_kind"] == "CPU %":
             # srun's tasks are children of slurmstepd, not of srun: the sampled tree is srun alone
             row["mean_util"], row["peak_rss_tree_mb"], row["images_per_core_s"] = None, None, None
             row["note"] = (
                 "CPU % / tree RSS not sampled: srun's tasks run under slurmd, outside srun's "
                 "process tree"
             )
+        row["loader_images_per_core_s"], row["loader_cores_needed"] = loader_ips, None
+        if loader_ips and row["images_per_s"] and row["status"] == "ok":
+            row["loader_cores_needed"] = row["images_per_s"] / loader_ips
         rows.append(row)
     return rows
 
 
-def add_loader(rows, loader_ips):
-    """loader_ips: JPEGs one loader process decodes and augments per CPU second
-    (tools/loader_bench.py --quick on the run's data); loader cores needed: a run's images/s over
-    it."""
-    for r in rows:
-        r["loader_images_per_core_s"] = loader_ips
-        r["loader_cores_needed"] = None
-        if loader_ips and r.get("images_per_s") and r["status"] == "ok":
-            r["loader_cores_needed"] = r["images_per_s"] / loader_ips
-    return rows
+def machine_info():
+    import torch
 
-
-def model_of(rows, arch=None, image_size=None):
-    """(arch, image size) of the runs: as given, else what their metrics and commands say (else
-    the scripts' default of 224 px)."""
-    arch = arch or next((r["arch"] for r in rows if r.get("arch")), None)
-    ran = (r for r in rows if r["status"] != "skipped")
-    sizes = (re.search(r"--image-size[ =](\d+)", r["command"]) for r in ran)
-    return arch, image_size or next((int(m.group(1)) for m in sizes if m), 224)
+    model = ""
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            model = next((x.split(":", 1)[1].strip() for x in f if x.startswith("model name")), "")
+    return dict(
+        nproc=os.cpu_count(),
+        cpu=model or platform.processor(),
+        torch=torch.__version__,
+        python=platform.python_version(),
+        gpus="\n".join(output_of(["nvidia-smi", "-L"])).strip() or "none",
+        date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z"),
+    )
 
 
 # ---- the bars ----
@@ -389,39 +427,33 @@ def check_bars(rows, native_mixed_precision):
     by = {r["backend"]: r for r in rows if r["status"] == "ok"}
     hw = "native mixed precision" if native_mixed_precision else "no native bf16"
     checks = []
-    for test, base, minimum, what in BARS.values():
+    for test, base, minimum, what in BARS:
         t, b = by.get(test, {}), by.get(base, {})
         minimum = minimum or (AMP_BAR_NATIVE if native_mixed_precision else AMP_BAR_OTHER)
         amp = {"off": "fp32", None: "?"}.get(t.get("amp"), t.get("amp"))
         shape = dict(p=field(t, "processes"), t=field(t, "threads_per_process"))
         what = what.format(**shape, c=field(b, "threads_per_process"), amp=amp, hw=hw)
-        check = dict(name=f"{test} / {base}", what=what, bar=f">= {minimum:.2f}x")
+        ok, text = None, f"not measured: {base if t else test} did not run"
         if t.get("images_per_s") and b.get("images_per_s"):
             ratio = t["images_per_s"] / b["images_per_s"]
-            text = f"{t['images_per_s']:.1f} / {b['images_per_s']:.1f} img/s = {ratio:.2f}x"
+            ok, text = ratio >= minimum, f"{t['images_per_s']:.1f} / {b['images_per_s']:.1f}"
+            text += f" img/s = {ratio:.2f}x"
             if t.get("images_per_core_s") and b.get("images_per_core_s"):
                 text += f" (per core-s: {t['images_per_core_s'] / b['images_per_core_s']:.2f}x)"
-            checks.append(dict(check, value=ratio, ok=ratio >= minimum, text=text))
-        else:
-            missing = base if t else test
-            checks.append(
-                dict(check, value=None, ok=None, text=f"not measured: {missing} did not run")
-            )
+        checks.append(
+            dict(name=f"{test} / {base}", what=what, bar=f">= {minimum:.2f}x", ok=ok, text=text)
+        )
+    check = dict(name="data wait", what="every run", bar=f"<= {DATA_WAIT_MAX:.0f}%", ok=None)
+    check["text"] = "no run finished"
     waits = [
         (r["backend"], r["data_wait_pct"]) for r in by.values() if r["data_wait_pct"] is not None
     ]
-    check = dict(name="data wait", bar=f"<= {DATA_WAIT_MAX:.0f}%")
     if waits:
-        worst = max(waits, key=lambda w: w[1])
+        name, worst = max(waits, key=lambda w: w[1])
         each = ", ".join(f"{n} {w:.1f}%" for n, w in waits)
-        text = f"worst {worst[0]} {worst[1]:.1f}%; {each}"
-        what = "host time waiting for the loader, every run"
-        checks.append(
-            dict(check, what=what, value=worst[1], ok=worst[1] <= DATA_WAIT_MAX, text=text)
-        )
-    else:
-        checks.append(dict(check, what="every run", value=None, ok=None, text="no run finished"))
-    return checks
+        check.update(what="host time waiting for the loader, every run", ok=worst <= DATA_WAIT_MAX)
+        check["text"] = f"worst {name} {worst:.1f}%; {each}"
+    return checks + [check]
 
 
 def field(row, key):
@@ -445,44 +477,47 @@ def fmt_tflops(x):
     return "" if x is None else (f"{x:#.3g}" if x < 100 else f"{x:.0f}")
 
 
+def md_row(cells):
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def check_row(c, absent=()):
+    """A bar's line in a report's table; the network report's has its 'if absent' column."""
+    return md_row([c["name"], c["what"], c["bar"], *absent, c["text"], f"**{verdict(c['ok'])}**"])
+
+
 def shape(r):
     return f"{r['processes']}x{r['gpus'] if uses_gpus(r) else r['threads_per_process']}"
 
 
-def machine_info():
-    model = ""
-    if os.path.isfile("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            model = next((x.split(":", 1)[1].strip() for x in f if x.startswith("model name")), "")
-    try:
-        import torch
+def head_lines(heading, args, info, gpus, capability=None):
+    """The report's title, then how, where and when it ran."""
+    wall = f" (wall time {args.wall:.0f} s)" if args.wall else ""
+    lines = [f"# {heading}: {args.title}", "", f"- command: `{args.command}`{wall}"]
+    if args.config:
+        lines.append(f"- configuration: {args.config}")
+    lines.append(f"- machine: {info['nproc']} CPU(s) (`nproc`), {info['cpu']}; GPUs: {gpus}")
+    if capability:
+        lines.append(f"- CPU capability: {capability}")
+    lines.append(f"- software: torch {info['torch']}, Python {info['python']}")
+    lines.append(f"- date: {info['date']}")
+    if args.load_before:
+        lines.append(f"- load average before / after: {args.load_before} / {args.load_after}")
+    return lines + [""]
 
-        torch_version = torch.__version__
-    except ImportError:
-        torch_version = "not importable"
-    try:
-        gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
-        gpus = gpus.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        gpus = ""
-    return dict(
-        nproc=os.cpu_count(),
-        cpu=model or platform.processor(),
-        torch=torch_version,
-        python=platform.python_version(),
-        gpus=gpus or "none",
-        date=datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z"),
-    )
+
+def write_lines(path, lines):
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def write_csv(rows, path):
-    digits = {"train_tflops": 4, "mfu_pct": 3, "peak_tflops": 4, "loader_cores_needed": 4}
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(COLUMNS)
         for r in rows:
             w.writerow(
-                fmt(r[c], digits.get(c, 2))
+                fmt(r[c], CSV_DIGITS.get(c, 2))
                 if isinstance(r[c], float)
                 else ("" if r[c] is None else r[c])
                 for c in COLUMNS
@@ -491,8 +526,8 @@ def write_csv(rows, path):
 
 def mfu_notes(ok_rows, model):
     """How model TFLOP/s and MFU % were computed, and from which peak."""
-    if not model.get("flops"):
-        return f"model TFLOP/s and MFU %: not computed ({model.get('error') or 'no model given'})."
+    if not model["flops"]:
+        return f"model TFLOP/s and MFU %: not computed ({model['error']})."
     text = (
         f"model TFLOP/s: images/s x {model['flops'] / 1e9:.2f} GFLOPs per training image "
         f"({model['arch']} at {model['image_size']} px, forward + backward, convolutions and "
@@ -530,25 +565,9 @@ def write_md(rows, checks, info, args, path):
     ok_rows = [r for r in rows if r["status"] == "ok"]
     gpu = any(r["util_kind"] == "GPU util %" for r in ok_rows)
     util = "mean GPU util %" if gpu else "mean CPU % (100 = 1 core)"
-    wall = f" (wall time {args.wall:.0f} s)" if args.wall else ""
-    lines = [
-        f"# Benchmark: {args.title}",
-        "",
-        f"- command: `{args.command}`{wall}",
-        f"- configuration: {args.config}" if args.config else None,
-        f"- machine: {info['nproc']} CPU(s) (`nproc`), {info['cpu']}; GPUs: {info['gpus']}",
-        f"- CPU capability: {cpu_line(info['cpu_peak'])}" if info["cpu_peak"] else None,
-        f"- software: torch {info['torch']}, Python {info['python']}",
-        f"- date: {info['date']}",
-        f"- load average before / after: {args.load_before} / {args.load_after}"
-        if args.load_before
-        else None,
-        "",
-        "## Results",
-        "",
-        RESULTS_HEAD.format(util=util),
-        "|---|---|" + "--:|" * 15,
-    ]
+    capability = info["cpu_peak"] and cpu_line(info["cpu_peak"])
+    lines = head_lines("Benchmark", args, info, info["gpus"], capability)
+    lines += ["## Results", "", RESULTS_HEAD.format(util=util), "|---|---|" + "--:|" * 15]
     for r in ok_rows:
         cells = [r["backend"], r["launcher"], r["processes"], r["threads_per_process"], r["gpus"]]
         cells += [fmt(r["images_per_s"]), fmt_tflops(r["train_tflops"]), fmt(r["mfu_pct"], 2)]
@@ -556,7 +575,7 @@ def write_md(rows, checks, info, args, path):
         cells += [fmt(r["peak_rss_tree_mb"], 0), fmt(r["mean_util"], 0)]
         cells += [fmt(r["images_per_core_s"]), fmt(r["data_wait_pct"])]
         cells += [fmt(r["loader_images_per_core_s"], 0), fmt(r["loader_cores_needed"], 2)]
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
+        lines.append(md_row(cells))
     others = [r for r in rows if r["status"] != "ok"]
     if others:
         lines += ["", "Not run or failed:", ""]
@@ -566,60 +585,69 @@ def write_md(rows, checks, info, args, path):
         lines += ["", *noted]
     lines += ["", COLUMNS_TEXT.format(util=util), "", mfu_notes(ok_rows, info["model"]), ""]
     lines += ["## Performance bars", "", "| check | what | bar | measured | result |"]
-    lines.append("|---|---|---|---|---|")
-    for c in checks:
-        lines.append(
-            f"| {c['name']} | {c['what']} | {c['bar']} | {c['text']} | **{verdict(c['ok'])}** |"
-        )
+    lines += ["|---|---|---|---|---|", *map(check_row, checks)]
     if any(r["backend"] == "fsdp" for r in rows):
-        lines += ["", "## Memory", "", memory_line(args.results)]
+        # where to read what FSDP saves per process against DDP (tools/fsdp_memory.py's report)
+        where = "fsdp-memory.md"
+        if not os.path.isfile(os.path.join(args.results, where)):
+            where = "results/fsdp-memory.md"
+        lines += ["", "## Memory", ""]
+        lines.append(
+            "- fsdp holds 1/N of the parameters, gradients and momentum per process; what that "
+            f"saves against DDP: {where} (`.venv/bin/python tools/fsdp_memory.py`)"
+        )
     lines += ["", "## Commands", ""]
     lines += [f"- {r['backend']}: `{r['command']}`" for r in rows if r["status"] != "skipped"]
-    with open(path, "w") as f:
-        f.write("\n".join(line for line in lines if line is not None) + "\n")
+    write_lines(path, lines)
 
 
-def memory_line(results):
-    """Where to read what FSDP saves per process against DDP (tools/fsdp_memory.py's report)."""
-    report = "fsdp-memory.md"
-    where = report if os.path.isfile(os.path.join(results, report)) else "results/fsdp-memory.md"
-    return (
-        "- fsdp holds 1/N of the parameters, gradients and momentum per process; what that "
-        f"saves against DDP: {where} (`.venv/bin/python tools/fsdp_memory.py`)"
-    )
-
-
-def figure(height):
+def chart(heading, machine, args, info, height):
+    """A figure 14 inches wide under the report's title: what ran, where and when."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
-    return plt, plt.figure(figsize=(14, height), layout="constrained")
+    fig = plt.figure(figsize=(14, height), layout="constrained")
+    load = ""
+    if args.load_before:
+        load = f", load average before/after {args.load_before} / {args.load_after}"
+    title = f"{heading}: {args.title}\n{machine}, torch {info['torch']}, {info['date']}{load}"
+    fig.suptitle(f"{title}\n{args.config}", x=0.01, ha="left", fontsize=10)
+    return fig
+
+
+def save_chart(fig, notes, path):
+    """The notes under the chart (the bars' verdicts first), then the PNG."""
+    import matplotlib.pyplot as plt
+
+    notes = [line for note in notes for line in textwrap.wrap(note, 160, subsequent_indent="    ")]
+    fig.text(0, 0, "\n".join(notes), va="top", fontsize=9, family="monospace")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def bar_axes(ax, margin):
+    """Horizontal bars read top-down, with a light grid behind them."""
+    ax.invert_yaxis()  # the first run on top
+    ax.margins(x=margin)
+    ax.grid(axis="x", color="0.9")
+    ax.set_axisbelow(True)
+
+
+def check_notes(checks):
+    return [f"{verdict(c['ok'])}  {c['name']} {c['bar']}: {c['text']}" for c in checks]
 
 
 def write_png(rows, checks, info, args, path):
     """images/s and epoch time per backend, side by side; the bars' verdicts and MFU under them."""
     ok = [r for r in rows if r["status"] == "ok" and r["images_per_s"]]
-    notes = [f"{verdict(c['ok'])}  {c['name']} {c['bar']}: {c['text']}" for c in checks]
-    notes.append(png_mfu_line(ok, info["model"]))
-    notes += [f"not run: {r['backend']}: {r['note']}" for r in rows if r["status"] != "ok"]
-    notes = [line for note in notes for line in textwrap.wrap(note, 160, subsequent_indent="    ")]
-    plt, fig = figure(2 + 0.45 * len(ok))
     cap = info["cpu_peak"]
     cap = (
         f" {cap['capability']}, native bf16 {'yes' if cap['native_bf16'] else 'no'}" if cap else ""
     )
-    load = ""
-    if args.load_before:
-        load = f", load average before/after {args.load_before} / {args.load_after}"
-    fig.suptitle(
-        f"Benchmark: {args.title}\n{info['nproc']} CPUs ({info['cpu']}{cap}), GPUs: "
-        f"{info['gpus'][:60]}, torch {info['torch']}, {info['date']}{load}\n{args.config}",
-        x=0.01,
-        ha="left",
-        fontsize=10,
-    )
+    machine = f"{info['nproc']} CPUs ({info['cpu']}{cap}), GPUs: {info['gpus'][:60]}"
+    fig = chart("Benchmark", machine, args, info, 2 + 0.45 * len(ok))
     labels = [f"{r['backend']}  ({shape(r)})" for r in ok]
     panels = (
         ("images_per_s", "images/s (higher is better)"),
@@ -630,32 +658,32 @@ def write_png(rows, checks, info, args, path):
         bars = ax.barh(labels, [r[key] or 0 for r in ok], color=[f"C{i}" for i in range(len(ok))])
         ax.bar_label(bars, fmt="%.1f", padding=3)
         ax.set_title(title, loc="left", fontweight="bold")
-        ax.invert_yaxis()  # the first run on top
-        ax.margins(x=0.12)
-        ax.grid(axis="x", color="0.9")
-        ax.set_axisbelow(True)
+        bar_axes(ax, 0.12)
         if i:
             ax.set_yticklabels([])
-    fig.text(0, 0, "\n".join(notes), va="top", fontsize=9, family="monospace")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    notes = check_notes(checks) + [png_mfu_line(ok, info["model"])]
+    notes += [f"not run: {r['backend']}: {r['note']}" for r in rows if r["status"] != "ok"]
+    save_chart(fig, notes, path)
 
 
 def png_mfu_line(ok_rows, model):
-    if not model.get("flops"):
-        return f"model TFLOP/s, MFU: not computed ({model.get('error') or 'no model given'})"
+    if not model["flops"]:
+        return f"model TFLOP/s, MFU: not computed ({model['error']})"
     per = ", ".join(
         f"{r['backend']} {fmt_tflops(r['train_tflops'])}"
         + (f" ({fmt(r['mfu_pct'])}% MFU)" if r.get("mfu_pct") is not None else "")
         for r in ok_rows
     )
-    blank = ""
-    if all(r.get("mfu_pct") is None for r in ok_rows):
-        blank = "; MFU: no peak (PEAK_TFLOPS)"
+    blank = "; MFU: no peak (PEAK_TFLOPS)" if all(r.get("mfu_pct") is None for r in ok_rows) else ""
     return (
         f"model TFLOP/s ({model['arch']} {model['image_size']}px: "
         f"{model['flops'] / 1e9:.2f} GFLOPs per image forward + backward): {per}{blank}"
     )
+
+
+def print_checks(checks):
+    for c in checks:
+        print(f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}")
 
 
 def print_summary(rows, checks, model):
@@ -673,8 +701,7 @@ def print_summary(rows, checks, model):
             f"{fmt(r['epoch_time_s']):>8} {fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7} "
             f"{fmt(r['loader_images_per_core_s'], 0):>11} {fmt(r['loader_cores_needed'], 2):>12}"
         )
-    for c in checks:
-        print(f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}")
+    print_checks(checks)
     ok_rows = [r for r in rows if r["status"] == "ok"]
     if not model["flops"]:
         print(f"model TFLOP/s, MFU: not computed ({model['error']})")
@@ -693,13 +720,67 @@ def print_summary(rows, checks, model):
 # 1host/ROW/metrics.jsonl, allreduce-RATE-nN.json (tools/allreduce_bench.py at N hosts) for each
 # link and profile-SIZE.json (tools/scaling_model.py profile) for each image size.
 
+NET_MANIFEST = "row rate ref status processes threads_per_process rc wall_s command".split()
 ONE_HOST = "1 host"
-NET_COMPRESSION_MIN, NET_ACCUM_MIN, NET_ACCUM_K = 1.6, 2.5, 4  # images/s ratios at the slowest rate
+# (check, row, its minimum images/s ratio over fp32 DDP's at the slowest rate, what the row adds)
+NET_GAINS = [
+    ("compression", "distributed+bf16", 1.6, "bf16 gradients"),
+    ("accumulation", "distributed+accum4", 2.5, "4 micro-batches a step"),
+]
 NET_HIDDEN_MIN, NET_GPU_REGIME = 25.0, 0.8  # % hidden where all-reduce / backward <= 0.8
 NET_MODEL_ERR = {"ddp": 15.0, "fsdp": 20.0}  # % off the measured images/s, every modeled run
 # launchers of distributed.py's DDP step, and FSDP: the rows the model describes
 MODELED = {"distributed": "ddp", "multiprocessing": "ddp", "slurm": "ddp", "fsdp": "fsdp"}
 ONE_BUCKET_MB = 2**20  # scaling_model.py one-bucket's bucket_cap_mb
+NET_COLUMNS = """row backend rate status processes threads_per_process images_per_s step_s
+one_host_images_per_s one_host_step_s efficiency exposed_s predicted_images_per_s model_error_pct
+comm_s comm_per_backward baseline_step_s hidden_pct predicted_hidden_pct wall_s note""".split()
+LAUNCHERS = {
+    "distributed": "torchrun distributed.py",
+    "apex": "torchrun apex_distributed.py",
+    "fsdp": "torchrun fsdp_distributed.py",
+    "multiprocessing": "multiprocessing_distributed.py (mp.spawn)",
+    "horovod": "horovodrun over ssh",
+    "slurm": "srun -N N",
+}
+LABEL = dict(xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)  # right of a bar
+
+
+def network_report(args):
+    manifest = os.path.join(args.results, "runs-network", "manifest.tsv")
+    if not os.path.isfile(manifest):
+        sys.exit(f"{sys.argv[0]}: no runs in {manifest}")
+    if not args.hosts or not args.batch:
+        sys.exit(f"{sys.argv[0]}: --network needs --hosts and --batch (the runs' global batch)")
+    info = machine_info()
+    net = summarise_network(args, info["nproc"])
+    checks = network_checks(net)
+    base = os.path.join(args.results, "benchmark-network")
+    with open(base + ".csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(NET_COLUMNS)
+        for r in [*net["refs"].values(), *net["runs"]]:
+            w.writerow(
+                f"{r.get(c):.4g}" if isinstance(r.get(c), float) else r.get(c) or ""
+                for c in NET_COLUMNS
+            )
+    write_network_md(net, checks, info, args, base + ".md")
+    write_network_png(net, checks, info, args, base + ".png")
+    print(f"{'row':<28} {'1 host':>8} " + " ".join(f"{r:>16}" for r in net["rates"]))
+    for row, ref in net["rows"].items():
+        cells = [images_per_s_text(net["at"].get((row, rate))) for rate in net["rates"]]
+        one_host = fmt(ref and ref.get("images_per_s"), 2) or "-"
+        print(f"{row:<28} {one_host:>8} " + " ".join(f"{c:>16}" for c in cells))
+    print("images/s (model's prediction)")
+    print_checks(checks)
+    print(f"wrote {base}.csv, .md, .png")
+
+
+def images_per_s_text(r):
+    if not r or not r.get("images_per_s"):
+        return "-" if not r else r["status"]
+    predicted = r.get("predicted_images_per_s")
+    return f"{r['images_per_s']:.2f}" + (f" ({predicted:.2f})" if predicted else "")
 
 
 def row_parts(row, hosts=2, size=None):
@@ -725,30 +806,14 @@ def row_parts(row, hosts=2, size=None):
 
 def rate_key(rate):
     """Slowest first; the unshaped link last."""
-    from scaling_model import parse_rate
-
     try:
         return parse_rate(rate)
     except ValueError:
         return math.inf
 
 
-def last_metrics(path):
-    m = read_metrics(path)
-    return m[-1] if m else {}
-
-
-def read_network_manifest(runs_dir):
-    keys = ("row", "rate", "ref", "status", "processes", "threads", "rc", "wall", "command")
-    with open(os.path.join(runs_dir, "manifest.tsv")) as f:
-        lines = [line.rstrip("\n").split("\t") for line in f]
-    return [dict(zip(keys, parts[:9], strict=True)) for parts in lines if len(parts) >= 9]
-
-
 def network_links(runs_dir, rates):
     """Per rate: the collectives' benchmarks by host count, and the link the model makes of them."""
-    from scaling_model import Link
-
     links = {}
     for rate in rates:
         paths = glob.glob(os.path.join(runs_dir, f"allreduce-{rate}-n*.json"))
@@ -759,54 +824,55 @@ def network_links(runs_dir, rates):
     return links
 
 
-def summarise_network(results, hosts, batch, image_size, cores, loader_ips=None, workers=0):
-    runs_dir = os.path.join(results, "runs-network")
-    manifest = read_network_manifest(runs_dir)
+def summarise_network(args, cores):
+    """The runs across hosts and their one-host references (refs, by row), each with its images/s
+    and step time; the runs with what the one-host run, the model and the one-bucket twin say."""
+    runs_dir = os.path.join(args.results, "runs-network")
+    manifest = read_manifest(os.path.join(runs_dir, "manifest.tsv"), NET_MANIFEST)
     profiles = {}
     for path in glob.glob(os.path.join(runs_dir, "profile-*.json")):
         profile = json.load(open(path))
         profiles[profile["image_size"]] = dict(profile, path=path)
     rates = sorted({m["rate"] for m in manifest if m["rate"] != ONE_HOST}, key=rate_key)
     links = network_links(runs_dir, rates)
-    micro = batch // hosts  # images per process and micro-batch
     refs, runs = {}, []
     for m in manifest:
         if m["row"] == "allreduce":
             continue
-        parts = row_parts(m["row"], hosts, image_size)
+        r = dict(m, **row_parts(m["row"], args.hosts, args.image_size))
         one = m["rate"] == ONE_HOST
         d = os.path.join(runs_dir, "1host" if one else m["rate"], m["row"])
-        ips = last_metrics(os.path.join(d, "metrics.jsonl")).get("train_images_per_s")
-        images = micro * (1 if one else parts["hosts"]) * parts["accum"]  # per optimizer step
-        status = m["status"] if (ips or m["status"] != "ok") else "failed"
-        if status == "ok":
-            note = ""
-        elif status == "skipped":
-            note = as_typed(m["command"])
-        else:
-            note = (
-                f"exit status {m['rc']}; see runs-network/{os.path.relpath(d, runs_dir)}/host*.log"
-            )
-        r = dict(m, **parts, status=status, wall_s=m["wall"], images_per_s=ips, note=note)
-        r.update(step_s=images / ips if ips else None, images_per_step=images)
+        metrics = read_metrics(os.path.join(d, "metrics.jsonl"))
+        ips = metrics[-1].get("train_images_per_s") if metrics else None
+        # images per optimizer step: the global batch's share of a process, per micro-batch
+        images = args.batch // args.hosts * (1 if one else r["hosts"]) * r["accum"]
+        r["status"] = m["status"] if (ips or m["status"] != "ok") else "failed"
+        r["note"] = ""
+        if r["status"] == "skipped":
+            r["note"] = as_typed(m["command"])
+        elif r["status"] != "ok":
+            where = f"runs-network/{os.path.relpath(d, runs_dir)}/host*.log"
+            r["note"] = f"exit status {m['rc']}; see {where}"
+        r.update(images_per_s=ips, step_s=images / ips if ips else None)
         r["command"] = as_typed(m["command"])
         if one:
             refs[m["row"]] = r
         else:
             runs.append(r)
+    loader_ips = None if args.workers else args.loader_ips
     for r in runs:
-        ref = refs.get(r["ref"])
-        ok = r["images_per_s"] and ref and ref.get("images_per_s")
-        r["one_host_images_per_s"] = ref["images_per_s"] if ref else None
-        r["one_host_step_s"] = ref["step_s"] if ref else None
+        ref = refs.get(r["ref"]) or {}
+        r["one_host_images_per_s"], r["one_host_step_s"] = (
+            ref.get("images_per_s"),
+            ref.get("step_s"),
+        )
+        ok = r["images_per_s"] and ref.get("images_per_s")
         r["efficiency"] = r["images_per_s"] / (r["hosts"] * ref["images_per_s"]) if ok else None
         r["exposed_s"] = r["step_s"] - ref["step_s"] if ok else None
-        predict(r, ref, profiles, links, cores, loader_ips if not workers else None)
+        predict(r, ref, profiles, links, cores, loader_ips)
+    at = {(r["row"], r["rate"]): r for r in runs}
     for r in runs:  # a row beside its one-bucket twin at the same rate: the share hidden
-        twin = next(
-            (t for t in runs if t["rate"] == r["rate"] and t["row"] == r["row"] + "+onebucket"),
-            None,
-        )
+        twin = at.get((r["row"] + "+onebucket", r["rate"]))
         r["hidden_pct"] = r["predicted_hidden_pct"] = r["baseline_step_s"] = None
         if twin and r["step_s"] and twin["step_s"] and r["one_host_step_s"]:
             r["baseline_step_s"] = twin["step_s"]
@@ -815,7 +881,11 @@ def summarise_network(results, hosts, batch, image_size, cores, loader_ips=None,
                 r["predicted_hidden_pct"] = hidden(
                     r["predicted_step_s"], twin["predicted_step_s"], r["predicted_alone_s"]
                 )
-    return dict(rates=rates, links=links, refs=refs, runs=runs, profiles=profiles)
+    # the rows in the order they ran, each once, with its one-host run (a reference, not a row)
+    rows = {}
+    for r in runs:
+        rows.setdefault(r["row"], refs.get(r["ref"]))
+    return dict(rates=rates, links=links, refs=refs, runs=runs, at=at, rows=rows, profiles=profiles)
 
 
 def hidden(step, baseline, alone):
@@ -826,13 +896,11 @@ def hidden(step, baseline, alone):
 
 def predict(r, ref, profiles, links, cores, loader_ips):
     """tools/scaling_model.py's images/s for a modeled run, and the command that prints it."""
-    from scaling_model import calibrated, fsdp_step_time, rebucket, step_time
-
     r["predicted_images_per_s"] = r["model_error_pct"] = r["comm_s"] = r["predicted_step_s"] = None
     strategy = MODELED.get(r["backend"])
     profile = profiles.get(r["size"])
     link = links.get(r["rate"])
-    if not (strategy and profile and link and ref and ref.get("step_s")) or r["other"]:
+    if not (strategy and profile and link and ref.get("step_s")) or r["other"]:
         return
     # the one-host run's step, the same work in one process; where the hosts' processes outnumber
     # the cores, each computes at cores / processes of its speed. 4 digits, as the command shows it
@@ -851,9 +919,8 @@ def predict(r, ref, profiles, links, cores, loader_ips):
         r["model_error_pct"] = 100 * (pred["images_per_s"] - r["images_per_s"]) / r["images_per_s"]
     words = ["python", "tools/scaling_model.py", "predict", "--profile", profile["path"]]
     words += ["--allreduce", ",".join(link["paths"]), "--nodes", str(r["hosts"])]
-    words += ["--alone-step", f"{alone:g}"] + (
-        ["--loader-ips", f"{loader_ips:g}"] if data_s else []
-    )
+    words += ["--alone-step", f"{alone:g}"]
+    words += ["--loader-ips", f"{loader_ips:g}"] if data_s else []
     words += ["--compression", r["compression"]] if r["compression"] != "none" else []
     words += ["--accum", str(r["accum"])] if r["accum"] > 1 else []
     words += ["--bucket-cap-mb", str(ONE_BUCKET_MB)] if r["onebucket"] else []
@@ -864,7 +931,7 @@ def predict(r, ref, profiles, links, cores, loader_ips):
 def network_checks(net):
     """The run's answers to the questions it is for, each a measured figure against its bar, and
     what the figure would read if the effect it checks were absent."""
-    by = {(r["row"], r["rate"]): r for r in net["runs"] if r["status"] == "ok"}
+    by = {key: r for key, r in net["at"].items() if r["status"] == "ok"}
     rates = [x for x in net["rates"] if x != "unshaped"] or net["rates"]
     slow = rates[0] if rates else None
     checks = []
@@ -872,24 +939,15 @@ def network_checks(net):
     def check(name, what, bar, absent, ok, text):
         checks.append(dict(name=name, what=what, bar=bar, absent=absent, ok=ok, text=text))
 
-    for name, row, minimum, what in (
-        ("compression", "distributed+bf16", NET_COMPRESSION_MIN, "bf16 gradients"),
-        (
-            "accumulation",
-            f"distributed+accum{NET_ACCUM_K}",
-            NET_ACCUM_MIN,
-            "4 micro-batches a step",
-        ),
-    ):
+    for name, row, minimum, adds in NET_GAINS:
         t, b = by.get((row, slow)), by.get(("distributed", slow))
-        what = f"DDP with {what} over fp32 DDP, images/s at {slow}"
+        ok, text = None, f"not measured: {row if not t else 'distributed'} did not run at {slow}"
         if t and b:
             ratio = t["images_per_s"] / b["images_per_s"]
+            ok = ratio >= minimum
             text = f"{t['images_per_s']:.2f} / {b['images_per_s']:.2f} img/s = {ratio:.2f}x"
-            check(name, what, f">= {minimum:.1f}x", "1.0x", ratio >= minimum, text)
-        else:
-            text = f"not measured: {row if not t else 'distributed'} did not run at {slow}"
-            check(name, what, f">= {minimum:.1f}x", "1.0x", None, text)
+        what = f"DDP with {adds} over fp32 DDP, images/s at {slow}"
+        check(name, what, f">= {minimum:.1f}x", "1.0x", ok, text)
     for r in net["runs"]:
         if r.get("hidden_pct") is None or r["comm_per_backward"] > NET_GPU_REGIME:
             continue
@@ -910,67 +968,12 @@ def network_checks(net):
             if MODELED.get(r["backend"]) == strategy and r.get("model_error_pct") is not None
         ]
         what = f"tools/scaling_model.py's images/s against the measured, every {strategy} run"
+        ok, text = None, "not measured"
         if errs:
             worst = max(errs)
-            text = f"worst {worst[0]:.0f}% ({worst[1]}) of {len(errs)}"
-            check(f"model {strategy}", what, f"<= {bar:.0f}%", "", worst[0] <= bar, text)
-        else:
-            check(f"model {strategy}", what, f"<= {bar:.0f}%", "", None, "not measured")
+            ok, text = worst[0] <= bar, f"worst {worst[0]:.0f}% ({worst[1]}) of {len(errs)}"
+        check(f"model {strategy}", what, f"<= {bar:.0f}%", "", ok, text)
     return checks
-
-
-NET_COLUMNS = [
-    "row",
-    "backend",
-    "rate",
-    "status",
-    "processes",
-    "threads_per_process",
-    "images_per_s",
-    "step_s",
-    "one_host_images_per_s",
-    "one_host_step_s",
-    "efficiency",
-    "exposed_s",
-    "predicted_images_per_s",
-    "model_error_pct",
-    "comm_s",
-    "comm_per_backward",
-    "baseline_step_s",
-    "hidden_pct",
-    "predicted_hidden_pct",
-    "wall_s",
-    "note",
-]
-
-
-def write_network_csv(net, path):
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(NET_COLUMNS)
-        for r in list(net["refs"].values()) + net["runs"]:
-            r = dict(r, threads_per_process=r["threads"])
-            w.writerow(
-                [
-                    f"{r.get(c):.4g}" if isinstance(r.get(c), float) else r.get(c, "") or ""
-                    for c in NET_COLUMNS
-                ]
-            )
-
-
-LAUNCHERS = {
-    "distributed": "torchrun distributed.py",
-    "apex": "torchrun apex_distributed.py",
-    "fsdp": "torchrun fsdp_distributed.py",
-    "multiprocessing": "multiprocessing_distributed.py (mp.spawn)",
-    "horovod": "horovodrun over ssh",
-    "slurm": "srun -N N",
-}
-
-
-def net_rows(net):
-    """The rows in the order they ran, each once (the one-host runs are references, not rows)."""
-    return list(dict.fromkeys(r["row"] for r in net["runs"]))
 
 
 def network_link_lines(net):
@@ -991,24 +994,20 @@ def network_link_lines(net):
     fsdp = []
     for rate in net["rates"]:
         link = net["links"].get(rate)
-        for b in link["benches"] if link else []:
-            rows = b["ops"]["all_reduce"]["rows"]
-            fit = b["ops"]["all_reduce"]["fit"]
-            sent = rows[-1]["sent_bytes"] / rows[-1]["bytes"]
-            lines.append(
-                f"| {rate} | {b['world_size']} | {rows[0]['time_s'] * 1e3:.2f} | "
-                f"{rows[-1]['busbw_Bps'] * 8 / 1e9:.3f} | {fit['alpha_s'] * 1e3:.2f} | "
-                f"{fit['busbw_Bps'] * 8 / 1e9:.3f} | {sent:.2f} |"
-            )
-            for op in ("all_gather", "reduce_scatter"):
-                if op in b["ops"]:
-                    fit, last = b["ops"][op]["fit"], b["ops"][op]["rows"][-1]
-                    fsdp.append(
-                        f"| {rate} | {op} | {b['world_size']} | {fit['busbw_Bps'] * 8 / 1e9:.3f} | "
-                        f"{fit['alpha_s'] * 1e3:.2f} | {last['sent_bytes'] / last['bytes']:.2f} |"
-                    )
         if not link:
             lines.append(f"| {rate} | not measured | | | | | |")
+        for b in link["benches"] if link else []:
+            rows, fit = b["ops"]["all_reduce"]["rows"], b["ops"]["all_reduce"]["fit"]
+            cells = [rate, b["world_size"], f"{rows[0]['time_s'] * 1e3:.2f}"]
+            cells += [f"{rows[-1]['busbw_Bps'] * 8 / 1e9:.3f}", f"{fit['alpha_s'] * 1e3:.2f}"]
+            cells += [f"{fit['busbw_Bps'] * 8 / 1e9:.3f}", f"{sent_per_byte(rows):.2f}"]
+            lines.append(md_row(cells))
+            for op in ("all_gather", "reduce_scatter"):
+                if op in b["ops"]:
+                    fit, rows = b["ops"][op]["fit"], b["ops"][op]["rows"]
+                    cells = [rate, op, b["world_size"], f"{fit['busbw_Bps'] * 8 / 1e9:.3f}"]
+                    cells += [f"{fit['alpha_s'] * 1e3:.2f}", f"{sent_per_byte(rows):.2f}"]
+                    fsdp.append(md_row(cells))
     lines += [
         "",
         "What FSDP sends besides: its all-gather (size: the gathered output) and reduce-scatter "
@@ -1022,13 +1021,13 @@ def network_link_lines(net):
     return lines + (fsdp or ["| not measured | | | | | |"])
 
 
+def sent_per_byte(rows):
+    """The bytes a process sent per byte of the largest size the collective was timed at."""
+    return rows[-1]["sent_bytes"] / rows[-1]["bytes"]
+
+
 def write_network_md(net, checks, info, args, path):
-    hosts, rates = args.hosts, net["rates"]
-    runs = {(r["row"], r["rate"]): r for r in net["runs"]}
-    rows = net_rows(net)
-    refs = {
-        row: net["refs"].get(next(r["ref"] for r in net["runs"] if r["row"] == row)) for row in rows
-    }
+    rates = net["rates"]
 
     def cell(r, key, digits=1):
         if r and r["status"] == "ok":
@@ -1040,25 +1039,20 @@ def write_network_md(net, checks, info, args, path):
             return cell(r, "exposed_s", 2)
         return f"{r['exposed_s']:.2f}" + (f" of {r['comm_s']:.2f}" if r.get("comm_s") else "")
 
-    per_rate = " | ".join(rates) + " |"
-    rule = "--:|" * len(rates)
-    lines = [
-        f"# Network benchmark: {args.title}",
-        "",
-        f"- command: `{args.command}`" + (f" (wall time {args.wall:.0f} s)" if args.wall else ""),
-        f"- configuration: {args.config}" if args.config else None,
-        f"- machine: {info['nproc']} CPU(s) (`nproc`), {info['cpu']}; GPUs: not used",
-        f"- software: torch {info['torch']}, Python {info['python']}",
-        f"- date: {info['date']}",
-        f"- load average before / after: {args.load_before} / {args.load_after}"
-        if args.load_before
-        else None,
-        "",
+    def by_rate(head, rule, one_host, value):
+        """A line per row: the row, its one-host column(s), then its value at each link."""
+        lines = [md_row(["row", *head, *rates]), rule + "--:|" * len(rates)]
+        for row, ref in net["rows"].items():
+            at_rates = [value(net["at"].get((row, rate))) for rate in rates]
+            lines.append(md_row([row, *one_host(row, ref), *at_rates]))
+        return lines
+
+    lines = head_lines("Network benchmark", args, info, "not used") + [
         "Each host is a network namespace of this machine (tools/hosts.sh), one training process "
-        f"in each, {hosts} hosts unless the row says Mhosts; every host's eth0 is shaped with `tc "
-        "tbf` to the link's rate (what it sends leaves at that rate, so each direction of every "
-        "path runs at it). The hosts share this machine's cores, and the kernel's network stack "
-        "runs on them.",
+        f"in each, {args.hosts} hosts unless the row says Mhosts; every host's eth0 is shaped with "
+        "`tc tbf` to the link's rate (what it sends leaves at that rate, so each direction of "
+        "every path runs at it). The hosts share this machine's cores, and the kernel's network "
+        "stack runs on them.",
         "",
         *network_link_lines(net),
         "",
@@ -1067,16 +1061,13 @@ def write_network_md(net, checks, info, args, path):
         "Training images per second, all processes together, over the epoch without its first 2 "
         "steps. 1 host: the same row in one process with the same work per process.",
         "",
-        "| row | launcher | 1 host | " + per_rate,
-        "|---|---|--:|" + rule,
     ]
-    for row in rows:
-        lines.append(
-            f"| {row} | {LAUNCHERS.get(row.split('+')[0], '')} | "
-            f"{cell(refs[row], 'images_per_s', 2)} | "
-            + " | ".join(cell(runs.get((row, rate)), "images_per_s", 2) for rate in rates)
-            + " |"
-        )
+    lines += by_rate(
+        ["launcher", "1 host"],
+        "|---|---|--:|",
+        lambda row, ref: [LAUNCHERS.get(row.split("+")[0], ""), cell(ref, "images_per_s", 2)],
+        lambda r: cell(r, "images_per_s", 2),
+    )
     lines += [
         "",
         "## Scaling efficiency",
@@ -1084,12 +1075,8 @@ def write_network_md(net, checks, info, args, path):
         "images/s over the hosts x the one-host images/s of the same row (1.00: the hosts cost "
         "nothing).",
         "",
-        "| row | " + per_rate,
-        "|---|" + rule,
     ]
-    for row in rows:
-        effs = [cell(runs.get((row, rate)), "efficiency", 2) for rate in rates]
-        lines.append(f"| {row} | " + " | ".join(effs) + " |")
+    lines += by_rate([], "|---|", lambda row, ref: [], lambda r: cell(r, "efficiency", 2))
     lines += [
         "",
         "## Communication not hidden behind the backward pass",
@@ -1102,15 +1089,10 @@ def write_network_md(net, checks, info, args, path):
         "measured link; what hides behind the backward pass is measured below, against the "
         "one-bucket rows.",
         "",
-        "| row | 1 host step (s) | " + per_rate,
-        "|---|--:|" + rule,
     ]
-    for row in rows:
-        lines.append(
-            f"| {row} | {cell(refs[row], 'step_s', 3)} | "
-            + " | ".join(exposed(runs.get((row, rate))) for rate in rates)
-            + " |"
-        )
+    lines += by_rate(
+        ["1 host step (s)"], "|---|--:|", lambda row, ref: [cell(ref, "step_s", 3)], exposed
+    )
     lines += ["", *network_model_lines(net)]
     lines += [
         "",
@@ -1123,35 +1105,26 @@ def write_network_md(net, checks, info, args, path):
         "| check | what | bar | if absent | measured | result |",
         "|---|---|---|---|---|---|",
     ]
-    lines += [
-        f"| {c['name']} | {c['what']} | {c['bar']} | {c['absent']} | {c['text']} | "
-        f"**{verdict(c['ok'])}** |"
-        for c in checks
-    ]
-    everything = list(net["refs"].values()) + net["runs"]
+    lines += [check_row(c, [c["absent"]]) for c in checks]
+    everything = [*net["refs"].values(), *net["runs"]]
     others = [r for r in everything if r["status"] != "ok"]
     if others:
         lines += ["", "Not run or failed:", ""]
         lines += [f"- **{r['row']} @ {r['rate']}** ({r['status']}): {r['note']}" for r in others]
     lines += ["", "## Commands", ""]
-    lines += [
-        f"- {r['row']} @ {r['rate']}: `{r['command']}`"
-        for r in everything
-        if r["status"] != "skipped"
-    ]
+    ran = [r for r in everything if r["status"] != "skipped"]
+    lines += [f"- {r['row']} @ {r['rate']}: `{r['command']}`" for r in ran]
     for p in net["profiles"].values():
         lines.append(
             f"- profile: `python tools/scaling_model.py profile -a {p['arch']} --image-size "
             f"{p['image_size']} --batch {p['batch']} --num-classes {p['num_classes']} --threads "
             f"{p['threads']} --out {as_typed(p['path'])}`"
         )
+    predicted = [r for r in net["runs"] if r.get("predict_command")]
     lines += [
-        f"- prediction, {r['row']} @ {r['rate']}: `{r['predict_command']}`"
-        for r in net["runs"]
-        if r.get("predict_command")
+        f"- prediction, {r['row']} @ {r['rate']}: `{r['predict_command']}`" for r in predicted
     ]
-    with open(path, "w") as f:
-        f.write("\n".join(line for line in lines if line is not None) + "\n")
+    write_lines(path, lines)
 
 
 def network_model_lines(net):
@@ -1190,12 +1163,10 @@ def network_model_lines(net):
         "|---|---|--:|--:|--:|--:|--:|--:|",
     ]
     for r in modeled:
-        lines.append(
-            f"| {r['row']} | {r['rate']} | {r['hosts']} | {fmt(r['images_per_s'], 2)} | "
-            f"{fmt(r['predicted_images_per_s'], 2)} | {fmt(r['model_error_pct'], 0)}% | "
-            f"{r['comm_per_compute']:.2f} | {r['comm_per_backward']:.2f} |"
-        )
-    pairs = [r for r in net["runs"] if r.get("hidden_pct") is not None]
+        cells = [r["row"], r["rate"], r["hosts"], fmt(r["images_per_s"], 2)]
+        cells += [fmt(r["predicted_images_per_s"], 2), f"{fmt(r['model_error_pct'], 0)}%"]
+        cells += [f"{r['comm_per_compute']:.2f}", f"{r['comm_per_backward']:.2f}"]
+        lines.append(md_row(cells))
     lines += [
         "",
         "## Overlap: the communication the backward pass hides",
@@ -1209,50 +1180,30 @@ def network_model_lines(net):
         "hidden | model's |",
         "|---|---|--:|--:|--:|--:|--:|--:|",
     ]
-    lines += [
-        f"| {r['row']} | {r['rate']} | {fmt(r.get('comm_per_backward'), 2)} | "
-        f"{r['one_host_step_s']:.3f} | {r['baseline_step_s']:.3f} | {r['step_s']:.3f} | "
-        f"{r['hidden_pct']:.0f}% | {fmt(r['predicted_hidden_pct'], 0)}% |"
-        for r in pairs
-    ] or ["| no row ran beside its one-bucket twin | | | | | | | |"]
+    pairs = [r for r in net["runs"] if r.get("hidden_pct") is not None]
+    for r in pairs:
+        cells = [r["row"], r["rate"], fmt(r.get("comm_per_backward"), 2)]
+        steps = (r["one_host_step_s"], r["baseline_step_s"], r["step_s"])
+        cells += [f"{s:.3f}" for s in steps] + [f"{r['hidden_pct']:.0f}%"]
+        lines.append(md_row([*cells, f"{fmt(r['predicted_hidden_pct'], 0)}%"]))
+    if not pairs:
+        lines.append("| no row ran beside its one-bucket twin | | | | | | | |")
     return lines
 
 
 def write_network_png(net, checks, info, args, path):
     """images/s per row, a bar per link; the one-host run x hosts in grey (the ideal) and the
     model's prediction as a black tick; the bars' verdicts under the chart."""
-    rates, rows = net["rates"], net_rows(net)
-    runs = {(r["row"], r["rate"]): r for r in net["runs"]}
-    plt, fig = figure(2 + 0.25 * len(rows) * (len(rates) + 1.5))
-    load = ""
-    if args.load_before:
-        load = f", load average before/after {args.load_before} / {args.load_after}"
-    fig.suptitle(
-        f"Network benchmark: {args.title}\n{info['nproc']} CPUs ({info['cpu']}), torch "
-        f"{info['torch']}, {info['date']}{load}\n{args.config}",
-        x=0.01,
-        ha="left",
-        fontsize=10,
-    )
+    rates, rows = net["rates"], list(net["rows"])
+    machine = f"{info['nproc']} CPUs ({info['cpu']})"
+    fig = chart("Network benchmark", machine, args, info, 2 + 0.25 * len(rows) * (len(rates) + 1.5))
     ax = fig.add_subplot()
-    ax.set_title(
-        "images/s per row and link (grey: the one-host run x hosts, the ideal; black tick: the "
-        "model)",
-        loc="left",
-        fontweight="bold",
-    )
+    key = "grey: the one-host run x hosts, the ideal; black tick: the model"
+    ax.set_title(f"images/s per row and link ({key})", loc="left", fontweight="bold")
     h = 1 / (len(rates) + 2)  # a group per row: the ideal, then a bar per link
 
     def label(x, y, text, colour="black"):
-        ax.annotate(
-            text,
-            (x, y),
-            xytext=(4, 0),
-            textcoords="offset points",
-            va="center",
-            fontsize=8,
-            color=colour,
-        )
+        ax.annotate(text, (x, y), color=colour, **LABEL)
 
     for i, row in enumerate(rows):
         first = next(r for r in net["runs"] if r["row"] == row)
@@ -1261,7 +1212,7 @@ def write_network_png(net, checks, info, args, path):
             ax.barh(i, ideal, h, color="0.85")
             label(ideal, i, f"{first['hosts']} x 1 host {ideal:.1f}", "0.5")
         for j, rate in enumerate(rates):
-            r, y = runs.get((row, rate)), i + (j + 1) * h
+            r, y = net["at"].get((row, rate)), i + (j + 1) * h
             if not r or not r.get("images_per_s"):
                 why = "not run" if r and r["status"] == "skipped" else "failed" if r else "-"
                 label(0, y, f"{rate}: {why}", "0.6")
@@ -1274,127 +1225,8 @@ def write_network_png(net, checks, info, args, path):
                 text, end = f"{text} (model {predicted:.1f})", max(end, predicted)
             label(end, y, text)
     ax.set_yticks([i + h * len(rates) / 2 for i in range(len(rows))], rows)
-    ax.invert_yaxis()
-    ax.margins(x=0.25)
-    ax.grid(axis="x", color="0.9")
-    ax.set_axisbelow(True)
-    notes = [f"{verdict(c['ok'])}  {c['name']} {c['bar']}: {c['text']}" for c in checks]
-    notes = [line for note in notes for line in textwrap.wrap(note, 160, subsequent_indent="    ")]
-    fig.text(0, 0, "\n".join(notes), va="top", fontsize=9, family="monospace")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-
-
-def network_report(args):
-    net_dir = os.path.join(args.results, "runs-network", "manifest.tsv")
-    if not os.path.isfile(net_dir):
-        sys.exit(f"{sys.argv[0]}: no runs in {net_dir}")
-    if not args.hosts or not args.batch:
-        sys.exit(f"{sys.argv[0]}: --network needs --hosts and --batch (the runs' global batch)")
-    info = machine_info()
-    net = summarise_network(
-        args.results,
-        args.hosts,
-        args.batch,
-        args.image_size,
-        info["nproc"],
-        args.loader_ips,
-        args.workers,
-    )
-    checks = network_checks(net)
-    base = os.path.join(args.results, "benchmark-network")
-    write_network_csv(net, base + ".csv")
-    write_network_md(net, checks, info, args, base + ".md")
-    write_network_png(net, checks, info, args, base + ".png")
-    rates = net["rates"]
-    print(f"{'row':<28} {'1 host':>8} " + " ".join(f"{r:>16}" for r in rates))
-    runs = {(r["row"], r["rate"]): r for r in net["runs"]}
-    for row in net_rows(net):
-        first = next((r for r in net["runs"] if r["row"] == row), None)
-        ref = net["refs"].get(first["ref"]) if first else None
-        cells = []
-        for rate in rates:
-            r = runs.get((row, rate))
-            if r and r.get("images_per_s"):
-                cells.append(
-                    f"{r['images_per_s']:.2f}"
-                    + (
-                        f" ({r['predicted_images_per_s']:.2f})"
-                        if r.get("predicted_images_per_s")
-                        else ""
-                    )
-                )
-            else:
-                cells.append("-" if not r else r["status"])
-        print(
-            f"{row:<28} {fmt(ref and ref.get('images_per_s'), 2) or '-':>8} "
-            + " ".join(f"{c:>16}" for c in cells)
-        )
-    print("images/s (model's prediction)")
-    for c in checks:
-        print(f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}")
-    print(f"wrote {base}.csv, .md, .png")
-
-
-def main(argv):
-    if argv[:1] == ["cpu-peak"]:
-        return cpu_peak_main(argv[1:])
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--results", default="results")
-    p.add_argument("--command", default="bash start.sh")
-    p.add_argument("--wall", type=float, default=0.0, help="seconds the whole start.sh run took")
-    p.add_argument("--title", default="pytorch-distributed backends")
-    p.add_argument("--config", default="", help="one line describing the configuration")
-    p.add_argument("--load-before", default="")
-    p.add_argument("--load-after", default="")
-    p.add_argument("--arch", help="model of the runs (default: what their metrics.jsonl say)")
-    p.add_argument("--image-size", type=int, help="default: the runs' --image-size, else 224")
-    p.add_argument("--loader-ips", type=float, help="tools/loader_bench.py --quick on the data")
-    p.add_argument(
-        "--peak-tflops",
-        type=float,
-        default=os.environ.get("PEAK_TFLOPS") or None,
-        help="the run's total peak TFLOP/s (default: PEAK_TFLOPS; else the GPUs' from the table, "
-        "or the CPU's measured by cpu-peak)",
-    )
-    p.add_argument("--network", action="store_true", help="report start.sh --hosts N instead")
-    p.add_argument("--hosts", type=int, help="with --network: the number of hosts")
-    p.add_argument("--batch", type=int, help="with --network: the global batch of a row")
-    p.add_argument("--workers", type=int, default=0, help="with --network: loader processes")
-    args = p.parse_args(argv)
-    args.command, args.config = as_typed(args.command), as_typed(args.config)
-    if args.network:
-        return network_report(args)
-    if args.peak_tflops is not None and not args.peak_tflops > 0:
-        p.error(f"--peak-tflops / PEAK_TFLOPS must be positive, not {args.peak_tflops}")
-    rows = summarise(args.results)
-    if not rows:
-        sys.exit(f"{sys.argv[0]}: no runs in {args.results}/runs/manifest.tsv")
-    info = machine_info()
-    peak_file = os.path.join(args.results, "runs", "cpu_peak.json")
-    info["cpu_peak"] = None
-    if os.path.isfile(peak_file):
-        with open(peak_file) as f:
-            info["cpu_peak"] = json.load(f)
-    native = any(map(uses_gpus, rows)) or bool(info["cpu_peak"] and info["cpu_peak"]["native_bf16"])
-    checks = check_bars(rows, native)
-    arch, image_size = model_of(rows, args.arch, args.image_size)
-    info["model"] = model = dict(
-        arch=arch, image_size=image_size, flops=None, error="no arch known"
-    )
-    if arch:
-        try:
-            model["flops"] = train_flops_per_image(arch, image_size)
-        except Exception as e:  # a model FlopCounterMode cannot run: the report without MFU
-            model["error"] = f"counting {arch} at {image_size} px failed: {type(e).__name__}: {e}"
-            print(f"{sys.argv[0]}: warning: {model['error']}", file=sys.stderr)
-    add_mfu(rows, model["flops"], args.peak_tflops, cpu_peak=info["cpu_peak"])
-    add_loader(rows, args.loader_ips)
-    write_csv(rows, os.path.join(args.results, "benchmark.csv"))
-    write_md(rows, checks, info, args, os.path.join(args.results, "benchmark.md"))
-    write_png(rows, checks, info, args, os.path.join(args.results, "benchmark.png"))
-    print_summary(rows, checks, model)
-    print(f"wrote {args.results}/benchmark.csv, benchmark.md, benchmark.png")
+    bar_axes(ax, 0.25)
+    save_chart(fig, check_notes(checks), path)
 
 
 if __name__ == "__main__":
