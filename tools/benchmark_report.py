@@ -241,11 +241,11 @@ def run_peak(row, peak_tflops=None, gpu_names=None, cpu_peak=None):
         names = [(gpu_names or {}).get(g) for g in used]
         if None in names:
             return None, f"GPU {used[names.index(None)]} not listed by nvidia-smi"
-        if None in map(gpu_peak_tflops, names):
-            return None, f"no peak known for {next(n for n in names if not gpu_peak_tflops(n))}"
+        peaks = [gpu_peak_tflops(n) for n in names]
+        if None in peaks:
+            return None, f"no peak known for {names[peaks.index(None)]}"
         kinds = ", ".join(f"{names.count(n)} x {n} ({gpu_peak_tflops(n):g})" for n in set(names))
-        total = sum(map(gpu_peak_tflops, names))
-        return total, f"{kinds} = {total:g} TFLOP/s dense bf16"
+        return sum(peaks), f"{kinds} = {sum(peaks):g} TFLOP/s dense bf16"
     if not cpu_peak:
         return None, "CPU run: no measured peak (start.sh measures it first)"
     precision = "bf16" if row.get("amp") == "bf16" else "fp32"
@@ -281,12 +281,12 @@ def uses_gpus(row):
 # ---- the runs ----
 
 
-def as_typed(text, root=ROOT):
+def as_typed(text):
     """`text` (a command line, a note) with the paths a user types instead of this machine's: a
     path inside the checkout relative to it (start.sh runs from there), and a program of a virtual
     environment outside it as `.venv/bin/NAME`, where the README makes one. Other absolute paths
     are the user's own choice (-o /scratch/..., DATA=/datasets/...) and stay."""
-    roots = {os.path.abspath(root), os.path.realpath(root)}
+    roots = {os.path.abspath(ROOT), os.path.realpath(ROOT)}
 
     def shorten(m):
         path = re.sub(r"\\(.)", r"\1", m.group(0))
@@ -313,7 +313,9 @@ def quote(word):
 
 
 def read_manifest(path, keys):
-    """The lines of a manifest.tsv that have all their fields, as dicts."""
+    """The lines of a manifest.tsv that have all their fields, as dicts; none without the file."""
+    if not os.path.isfile(path):
+        return []
     with open(path) as f:
         lines = [line.rstrip("\n").split("\t") for line in f]
     return [dict(zip(keys, parts[:9], strict=True)) for parts in lines if len(parts) >= 9]
@@ -862,10 +864,8 @@ def summarise_network(args, cores):
     loader_ips = None if args.workers else args.loader_ips
     for r in runs:
         ref = refs.get(r["ref"]) or {}
-        r["one_host_images_per_s"], r["one_host_step_s"] = (
-            ref.get("images_per_s"),
-            ref.get("step_s"),
-        )
+        r["one_host_images_per_s"] = ref.get("images_per_s")
+        r["one_host_step_s"] = ref.get("step_s")
         ok = r["images_per_s"] and ref.get("images_per_s")
         r["efficiency"] = r["images_per_s"] / (r["hosts"] * ref["images_per_s"]) if ok else None
         r["exposed_s"] = r["step_s"] - ref["step_s"] if ok else None
