@@ -374,12 +374,10 @@ def summarise(results, loader_ips=None):
         row = dict(m, command=as_typed(m["command"]).strip(), amp=last.get("amp"), note="")
         row.update(arch=last.get("arch"), images_per_s=last.get("train_images_per_s"))
         row.update(epoch_time_s=last.get("epoch_time_s"), val_acc1=last.get("val_acc1"))
-        row["peak_memory_rank0_mb"] = max(
-            (r.get("peak_memory_mb", 0) for r in metrics), default=None
-        )
-        row["data_wait_pct"] = max(
-            (100 * r.get("data_wait_frac", 0) for r in metrics), default=None
-        )
+        memory = [r.get("peak_memory_mb", 0) for r in metrics]
+        waits = [100 * r.get("data_wait_frac", 0) for r in metrics]
+        row["peak_memory_rank0_mb"] = max(memory, default=None)
+        row["data_wait_pct"] = max(waits, default=None)
         row["mean_util"], row["util_kind"], row["peak_rss_tree_mb"] = stats
         if status == "skipped":
             row["note"] = as_typed(m["command"])
