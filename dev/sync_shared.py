@@ -5,9 +5,8 @@
     python dev/sync_shared.py --check  # exit 1, naming script and block, if a copy drifted
 
 A shared block runs from a line "# ---- shared: NAME (...) ----" to "# ---- end shared: NAME ----".
-Each script is self-contained on purpose (users copy one file), so the loop is copied
-rather than imported; distributed.py is its one source of truth. Edit the loop there,
-then run this.
+Each script is self-contained on purpose (users copy one file), so the loop is copied rather than
+imported; distributed.py is its one source of truth. Edit the loop there, then run this.
 """
 
 import os
@@ -16,6 +15,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = "distributed.py"
+RUN = "run python dev/sync_shared.py"
 COPIES = [
     "dataparallel.py",
     "multiprocessing_distributed.py",
@@ -29,50 +29,34 @@ BLOCK = re.compile(
 )
 
 
-def blocks(text):
-    return {m.group("name"): m for m in BLOCK.finditer(text)}
-
-
-def read(name):
+def blocks(name):
+    """{block name: block text} of a script."""
     with open(os.path.join(ROOT, name)) as f:
-        return f.read()
-
-
-def drift(source_blocks, copy_text):
-    """Names of the source's blocks that the copy lacks or has changed."""
-    theirs = blocks(copy_text)
-    return [
-        n for n, m in source_blocks.items() if n not in theirs or theirs[n].group(0) != m.group(0)
-    ]
+        return {m.group("name"): m.group(0) for m in BLOCK.finditer(f.read())}
 
 
 def main(argv):
-    check = "--check" in argv
-    source = blocks(read(SOURCE))
+    source = blocks(SOURCE)
     if not source:
         print(f"{SOURCE} has no shared blocks", file=sys.stderr)
         return 1
     bad = []
     for name in COPIES:
-        text = read(name)
-        drifted = drift(source, text)
-        if not drifted:
-            continue
-        if check:
-            bad += [
-                f"{name}: shared block '{b}' differs from {SOURCE} (run python dev/sync_shared.py)"
-                for b in drifted
-            ]
-            continue
-        missing = [b for b in drifted if b not in blocks(text)]
-        if missing:
+        theirs = blocks(name)
+        drifted = [b for b in source if theirs.get(b) != source[b]]
+        missing = [b for b in drifted if b not in theirs]
+        if "--check" in argv:
+            bad += [f"{name}: shared block '{b}' differs from {SOURCE} ({RUN})" for b in drifted]
+        elif missing:
             bad.append(f"{name}: has no shared block {missing}: add its markers first")
-            continue
-        for b in drifted:
-            text = text.replace(blocks(text)[b].group(0), source[b].group(0))
-        with open(os.path.join(ROOT, name), "w") as f:
-            f.write(text)
-        print(f"updated {name}: {', '.join(drifted)}")
+        elif drifted:
+            with open(os.path.join(ROOT, name)) as f:
+                text = f.read()
+            for b in drifted:
+                text = text.replace(theirs[b], source[b])
+            with open(os.path.join(ROOT, name), "w") as f:
+                f.write(text)
+            print(f"updated {name}: {', '.join(drifted)}")
     for line in bad:
         print(line, file=sys.stderr)
     return 1 if bad else 0

@@ -2,34 +2,21 @@
 """Per-process memory of DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), measured on the
 scripts themselves.
 
-    OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py [--arch resnet152 [ARCH ...]]
-        [--nproc 2] [--batch 4] [--size 64] [--steps 2] [--json PATH] [--md PATH]
+    OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py --arch resnet152 vit_b_16 --md M.md
 
-For each model (--arch) and each script, `python -m torch.distributed.run --standalone
---nproc_per_node=N tools/fsdp_memory.py --worker SCRIPT` starts fresh processes (so that each
-peak RSS is its backend's own). A worker imports the script as a module and runs its own code as
-its training loop does: init_distributed(args, local_rank, rank, world_size), create_model,
-build_optimizer, distribute(model, optimizer, args, device), then --steps SGD steps of
-forward(...), backward and optimizer.step() on random images, on the CPU (gloo). It reports, per
-process (the largest over the ranks): bytes of parameters, gradients and momentum the process
-holds (FSDP: its local shards, DTensor.to_local()), DDP's gradient buckets (a second copy of the
-gradients: distributed.py leaves gradient_as_bucket_view off), resident memory at each stage, and
-the peak (ru_maxrss) above the RSS after `import torch`. The FSDP worker also reports the line
-distribute() prints: how many groups it sharded the model into, and the largest group's share of
-the parameters, which FSDP gathers whole for its forward and backward.
-
-glibc keeps freed blocks below its adaptive mmap threshold for reuse, so RSS overstates what is
-live: the workers run with MALLOC_MMAP_THRESHOLD_=1048576 (unless set), which returns blocks of
-1 MiB and more at once (65536 made an FSDP run abort at exit, likely vm.max_map_count). FSDP's
-peak includes the whole model each process builds before sharding it, as the training script
-does (it loads a resumed state into it).
+For each model and script, torchrun starts fresh processes (so that each peak RSS is its backend's
+own) that run the script's own init_distributed, create_model, build_optimizer, distribute, then
+--steps SGD steps of its forward(), backward and optimizer.step() on random images, on the CPU
+(gloo). The report is per process, the largest over the ranks (docs/fsdp.md). The workers run with
+MALLOC_MMAP_THRESHOLD_=1048576 (unless set), so that glibc returns freed blocks of 1 MiB and more
+at once and RSS shows what is live (65536 made an FSDP run abort at exit, likely
+vm.max_map_count).
 """
 
 import argparse
 import datetime
 import json
 import os
-import platform
 import resource
 import shlex
 import subprocess
@@ -74,27 +61,20 @@ def rss():  # resident now, bytes
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def as_typed(path):  # a path as a user types it in the checkout
-    rel = os.path.relpath(os.path.abspath(path), ROOT)
-    return path if rel.startswith("..") else rel
-
-
 def worker(a):
     import torch  # noqa: F401  (the baseline: what every process pays before any model)
 
     rss_torch = rss()
     import contextlib
     import gc
-    import importlib.util
+    import importlib
     import io
 
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    path = os.path.join(ROOT, SCRIPTS[a.worker])
-    spec = importlib.util.spec_from_file_location(os.path.splitext(SCRIPTS[a.worker])[0], path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    sys.path.insert(0, ROOT)
+    script = importlib.import_module(os.path.splitext(SCRIPTS[a.worker])[0])
     rank, world, local_rank = (int(os.environ[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     shape = ["-a", a.arch[0], "-b", str(a.batch), "--image-size", str(a.size)]
     args = script.build_parser().parse_args(["--dummy", *shape, "--dist-backend", "gloo"])
@@ -117,10 +97,8 @@ def worker(a):
     model.train()
     for step in range(a.steps):
         g = torch.Generator().manual_seed(step * world + rank)
-        images, target = (
-            torch.randn(per, 3, a.size, a.size, generator=g),
-            torch.randint(0, 1000, (per,), generator=g),
-        )
+        images = torch.randn(per, 3, a.size, a.size, generator=g)
+        target = torch.randint(0, 1000, (per,), generator=g)
         loss, *_ = script.forward(model, images, target, args, device)
         optimizer.zero_grad()
         loss.backward()
@@ -156,11 +134,10 @@ def worker(a):
     row["above"] = row["peak"] - row["rss_torch"]
     rows = [None] * world
     dist.all_gather_object(rows, row)
+    largest = {k: max(r[k] for r in rows) if isinstance(row[k], int) else row[k] for k in row}
     if rank == 0:
         with open(a.result, "w") as f:
-            json.dump(
-                {k: max(r[k] for r in rows) if isinstance(row[k], int) else row[k] for k in row}, f
-            )
+            json.dump(largest, f)
     script.shutdown()
 
 
@@ -182,23 +159,16 @@ def measure(a, arch, mode):
             return json.load(f)
 
 
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(
-                line.split(":", 1)[1].strip() for line in f if line.startswith("model name")
-            )
-    except (OSError, StopIteration):
-        return platform.processor() or "?"
+def load_average():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
 
 
 def report(a, runs, argv, load_before, load_after, wall):
-    import torch
+    import benchmark_report  # not in the workers: they measure memory
 
-    command = "OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py" + "".join(
-        f" {shlex.quote(as_typed(x) if i and argv[i - 1] in ('--json', '--md') else x)}"
-        for i, x in enumerate(argv)
-    )
+    args = benchmark_report.as_typed(shlex.join(argv))  # paths as typed in the checkout
+    command = f"OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py {args}".strip()
     lines = [
         "# Memory per process: DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), "
         f"{a.nproc} processes, CPU",
@@ -225,12 +195,14 @@ def report(a, runs, argv, load_before, load_after, wall):
                 f"| {name} | {d / MB:.1f} | {f / MB:.1f} | {f'{f / d:.2f}' if d and f else '-'} |"
             )
     threads = next(iter(runs.values()))["ddp"]["threads"]
+    machine = benchmark_report.machine_info()
     lines += [
         "",
         f"- command: `{command}`",
         f"- date: {datetime.date.today().isoformat()}; {wall:.0f} s in all",
-        f"- machine: {cpu_name()}, {os.cpu_count()} cores; load average before {load_before}, "
-        f"after {load_after}; {threads} thread(s) per process; torch {torch.__version__}",
+        f"- machine: {machine['cpu']}, {machine['nproc']} cores; load average before "
+        f"{load_before}, after {load_after}; {threads} thread(s) per process; torch "
+        f"{machine['torch']}",
         f"- MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', '1048576')} in the "
         "workers: glibc returns freed blocks of 1 MiB and more at once, so RSS shows what is live "
         "rather than what the allocator keeps for reuse",
@@ -249,25 +221,19 @@ def main():
         return worker(a)
     if a.batch < 2 * a.nproc:  # BatchNorm needs 2 samples per process in training
         sys.exit(f"fsdp_memory.py: --batch {a.batch} gives fewer than 2 images to each process")
-    with open("/proc/loadavg") as f:
-        load_before = " ".join(f.read().split()[:3])
+    load_before = load_average()
     t0 = datetime.datetime.now()
     runs = {arch: {mode: measure(a, arch, mode) for mode in SCRIPTS} for arch in a.arch}
     wall = (datetime.datetime.now() - t0).total_seconds()
-    with open("/proc/loadavg") as f:
-        load_after = " ".join(f.read().split()[:3])
-    text = report(a, runs, sys.argv[1:], load_before, load_after, wall)
+    text = report(a, runs, sys.argv[1:], load_before, load_average(), wall)
     print(text, end="")
     if a.md:
         with open(a.md, "w") as f:
             f.write(text)
     if a.json:
+        measured = dict(nproc=a.nproc, batch=a.batch, size=a.size, steps=a.steps, runs=runs)
         with open(a.json, "w") as f:
-            json.dump(
-                dict(nproc=a.nproc, batch=a.batch, size=a.size, steps=a.steps, runs=runs),
-                f,
-                indent=1,
-            )
+            json.dump(measured, f, indent=1)
 
 
 if __name__ == "__main__":

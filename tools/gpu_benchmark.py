@@ -12,15 +12,14 @@ Modes, each in a process of its own, one after the other:
              (PyTorch's default, which the scripts leave as it is), contiguous layout
   reference  a plain loop: torchvision's model, torch.amp bf16, channels_last, torch.optim.SGD;
              no DDP, no prefetcher, no fused optimizer, no loss or accuracy sums
-The script's modes run its main() with one change, made here: the training loader hands out one
-batch made on the device, --steps times. The first 2 steps (compilation, cuDNN's autotuning) are
-not timed. Model TFLOP/s = images/s x the training FLOPs of an image (FlopCounterMode); MFU is
-given against the GPU's dense bf16 peak (tools/benchmark_report.py's table, or PEAK_TFLOPS) and
-against the matmul peak measured here first, bf16 or TF32 as the mode computes.
+The script's modes run its main() with a training loader of one batch made on the device, --steps
+times; the first 2 steps (compilation, cuDNN's autotuning) are not timed. MFU: images/s x an
+image's training FLOPs (FlopCounterMode), against the GPU's dense bf16 peak (PEAK_TFLOPS, or
+tools/benchmark_report.py's table) and the matmul peak measured here first (bf16 or TF32).
 """
 
 import argparse
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -43,34 +42,25 @@ MODES = {
 WARMUP = 2
 
 
-class DeviceBatches:
+class DeviceBatches(list):
     """A training loader of `steps` times one batch that lives on the device; the script's own
     sampler stays, for what its loop reads of it."""
 
     def __init__(self, steps, batch, image_size, sampler, device):
-        self.steps, self.sampler = steps, sampler
-        self.images = torch.randn(batch, 3, image_size, image_size, device=device)
-        self.target = torch.randint(0, 1000, (batch,), device=device)
-
-    def __len__(self):
-        return self.steps
-
-    def __iter__(self):
-        return iter([(self.images, self.target)] * self.steps)
+        images = torch.randn(batch, 3, image_size, image_size, device=device)
+        target = torch.randint(0, 1000, (batch,), device=device)
+        super().__init__([(images, target)] * steps)
+        self.sampler = sampler
 
 
 def script_mode(args, mode, out):
     """apex_distributed.py's main() with DeviceBatches for its training loader."""
-    path = os.path.join(ROOT, "apex_distributed.py")
-    spec = importlib.util.spec_from_file_location("apex_distributed", path)
-    apex = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(apex)
+    sys.path.insert(0, ROOT)
+    apex = importlib.import_module("apex_distributed")
     build_loaders = apex.build_loaders
 
-    def on_device(train_set, val_set, a, rank, world_size, device, *rest):
-        _, sampler, val_loader = build_loaders(
-            train_set, val_set, a, rank, world_size, device, *rest
-        )
+    def on_device(train_set, val_set, a, rank, world_size, device):
+        _, sampler, val_loader = build_loaders(train_set, val_set, a, rank, world_size, device)
         batches = DeviceBatches(args.steps, a.batch_size, a.image_size, sampler, device)
         return batches, sampler, val_loader
 

@@ -6,18 +6,11 @@ process of every job).
     python tools/index_images.py DATA             # DATA/train and DATA/val
     python tools/index_images.py DATA/train ...   # the folders named
 
-The index goes beside the data (DATA/.image-lists/), or into the user's cache
-(~/.cache/pytorch-distributed, or $XDG_CACHE_HOME/pytorch-distributed) where the data is read-only:
-the two places the training scripts look. It holds the packed sample list the scripts build
-(distributed.py's list_images) and every folder it listed, with the modification time each had
-before it was read. The scripts use it only while every one of those folders still has that time:
-once an image is added, removed or renamed anywhere below, they list the folders themselves (and
-say so) until this tool is run again. The times are taken before listing and checked again after
-it, so an image added while this tool lists is never left out of an index that claims to be
-current: it lists again.
-
-Several jobs may run it on the same data at once: each writes a temporary file of its own and
-renames it into place, so a reader sees a whole index or none, and the last rename wins.
+The index goes where the scripts look: beside the data (DATA/.image-lists/) or, for read-only
+data, in ~/.cache/pytorch-distributed. It holds the scripts' packed sample list (list_images) and
+the modification time of every folder listed, taken before the listing and checked after it, so
+that an image added meanwhile is never left out. The scripts trust it while every folder keeps its
+time. Each job writes a file of its own and renames it into place: a reader sees a whole index.
 """
 
 import argparse
@@ -35,8 +28,7 @@ import distributed  # noqa: E402  (the scripts' own listing and index names)
 
 
 def write_index(path, samples):
-    """Atomic: a temporary file named after this host and process, synced, then renamed over
-    `path`."""
+    """Atomic: a temporary file of this host and process, synced, then renamed over `path`."""
     tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
@@ -51,8 +43,7 @@ def write_index(path, samples):
 
 
 def folder_times(folder):
-    """Every folder the listing walks (the folder itself and all below it) and its modification
-    time."""
+    """The modification time of every folder the listing walks: `folder` and all below it."""
     return {
         os.path.relpath(d, folder): os.stat(d).st_mtime_ns
         for d, _, _ in os.walk(folder, followlinks=True)
@@ -87,9 +78,8 @@ def index(folder, attempts=3):
         except OSError as e:  # a read-only data folder: the user's cache
             errors.append(f"{path}: {e.strerror or e}")
             continue
-        if (
-            path == paths[0]
-        ):  # beside the data: indexes of this folder by an older version are stale
+        # beside the data, the indexes of this folder by an older version are stale
+        if path == paths[0]:
             prefix = os.path.basename(path).rsplit("-", 1)[0]
             for old in glob.glob(os.path.join(os.path.dirname(path), prefix + "-*.npz")):
                 if old != path:
@@ -102,20 +92,12 @@ def index(folder, attempts=3):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
-        "folders",
-        nargs="+",
-        metavar="DATA",
-        help="a data folder with train/ and val/, or ImageFolder trees of class folders",
+        "folders", nargs="+", metavar="DATA", help="holding train/ and val/, or class folders"
     )
-    args = p.parse_args(argv)
     folders = []
-    for folder in args.folders:
-        splits = [
-            os.path.join(folder, s)
-            for s in ("train", "val")
-            if os.path.isdir(os.path.join(folder, s))
-        ]
-        folders += splits or [folder]
+    for folder in p.parse_args(argv).folders:
+        splits = [os.path.join(folder, s) for s in ("train", "val")]
+        folders += [s for s in splits if os.path.isdir(s)] or [folder]
     try:
         for folder in folders:
             if not os.path.isdir(folder):

@@ -1,33 +1,22 @@
 #!/usr/bin/env python3
 """Images/s per CPU core of the input pipeline: decode + training (or validation) transform.
 
-    python tools/loader_bench.py --data data/imagenet-shaped
     python tools/loader_bench.py --data /path/to/imagenet --images 500 --rounds 5 --paths pil,tv
     python tools/loader_bench.py --data DIR --paths tv --quick     # one number, for start.sh
 
-One process, one thread, files already in the page cache (a warm-up pass reads them), so the
-figure is what one loader worker decodes and augments per second of CPU, the number to
-compare with training images/s when choosing --workers. Paths (those not importable are
-listed as skipped):
-
-  pil        PIL decode + torchvision.transforms (RandomResizedCrop, flip, ToTensor, Normalize):
-             torchvision's ImageNet example, and this project's loop before tools/loader_bench.py
+One process, one thread, files in the page cache (a warm-up pass reads them): what one loader
+worker decodes and augments per CPU second (time.process_time, which other processes hardly
+change), to compare with training images/s. Rounds interleave the paths; the median is reported.
+The paths crop and flip alike and differ in decoder and interpolation kernels (docs/data.md):
+  pil        PIL decode + torchvision.transforms: torchvision's ImageNet example
   pil-v2     PIL decode, then transforms.v2 on a uint8 tensor (shows what the transforms alone save)
   tv-v2      torchvision.io.decode_image + transforms.v2 on a uint8 tensor
-  tv         what the training scripts use (distributed.py: read_image + transforms): decode_image
-             and transforms.v2 on uint8, with the random draws seeded per sample
-  simplejpeg simplejpeg (pip install simplejpeg: libjpeg-turbo, its own build) + the scripts'
-             transforms
-
-Every path keeps the transforms' meaning: the same random-resized-crop and flip distribution
-for training, Resize(size * 256/224) + CenterCrop for validation, normalized float32 output.
-Paths differ in decoder and in interpolation kernels (PIL's vs torch's antialiased bilinear),
-not in what is cropped. CPU seconds (time.process_time) are the measure, so other processes
-on a busy machine slow the wall clock but hardly the figures; rounds interleave the paths and
-the median round is reported.
+  tv         the training scripts' own read_image and transforms, random draws seeded per sample
+  simplejpeg simplejpeg (pip install simplejpeg) + the scripts' transforms; skipped if missing
 """
 
 import argparse
+import collections
 import os
 import random
 import statistics
@@ -42,49 +31,45 @@ sys.path.insert(0, ROOT)
 import distributed  # noqa: E402  (the training scripts' own read_image and transforms)
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+PATHS = ("pil", "pil-v2", "tv-v2", "tv", "simplejpeg")
 
 
-def pil_path(size, train):
-    import torchvision.transforms as T
-    from torchvision.datasets.folder import default_loader
-
-    normalize = T.Normalize(MEAN, STD)
-    tf = (
-        T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
-        if train
-        else T.Compose(
-            [T.Resize(int(size * 256 / 224)), T.CenterCrop(size), T.ToTensor(), normalize]
-        )
-    )
-    return lambda path: tf(default_loader(path))
-
-
-def v2_transform(size, train):
-    import torchvision.transforms.v2 as v2
-
-    tail = [v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]
-    if train:
-        return v2.Compose(
-            [v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()] + tail
-        )
-    return v2.Compose(
-        [v2.Resize(int(size * 256 / 224), antialias=True), v2.CenterCrop(size)] + tail
-    )
-
-
-def pil_v2_path(size, train):
-    import torchvision.transforms.v2.functional as TF
-    from torchvision.datasets.folder import default_loader
-
-    tf = v2_transform(size, train)
-    return lambda path: tf(TF.pil_to_tensor(default_loader(path)))
-
-
-def tv_v2_path(size, train):
+def make_path(name, size, train):
+    """The path's function from a file name to the transformed image."""
     import torchvision.io as io
+    import torchvision.transforms as T
+    import torchvision.transforms.v2 as v2
+    from torchvision.datasets.folder import default_loader
+    from torchvision.transforms.v2.functional import pil_to_tensor
 
-    tf = v2_transform(size, train)
-    return lambda path: tf(io.decode_image(io.read_file(path), mode=io.ImageReadMode.RGB))
+    if name == "pil":
+        pil_tf = torchvision_transform(T, size, train, T.ToTensor())
+        return lambda path: pil_tf(default_loader(path))
+    v2_tf = torchvision_transform(v2, size, train, v2.ToDtype(torch.float32, scale=True))
+    if name == "pil-v2":
+        return lambda path: v2_tf(pil_to_tensor(default_loader(path)))
+    if name == "tv-v2":
+        return lambda path: v2_tf(io.decode_image(io.read_file(path), mode=io.ImageReadMode.RGB))
+    scripts_tf = scripts_transform(size, train)
+    if name == "tv":
+        return lambda path: scripts_tf(distributed.read_image(path))
+    import simplejpeg
+
+    def load(path):
+        with open(path, "rb") as f:
+            image = simplejpeg.decode_jpeg(f.read(), colorspace="RGB")
+        return scripts_tf(torch.from_numpy(image).permute(2, 0, 1))
+
+    return load
+
+
+def torchvision_transform(T, size, train, to_float):
+    """torchvision's ImageNet transforms, from transforms (T) or transforms.v2."""
+    if train:
+        crop = [T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip()]
+    else:
+        crop = [T.Resize(int(size * 256 / 224), antialias=True), T.CenterCrop(size)]
+    return T.Compose([*crop, to_float, T.Normalize(MEAN, STD)])
 
 
 def scripts_transform(size, train):
@@ -100,33 +85,6 @@ def scripts_transform(size, train):
         return image
 
     return apply
-
-
-def tv_path(size, train):
-    tf = scripts_transform(size, train)
-    return lambda path: tf(distributed.read_image(path))
-
-
-def simplejpeg_path(size, train):
-    import simplejpeg
-
-    tf = scripts_transform(size, train)
-
-    def load(path):
-        with open(path, "rb") as f:
-            data = f.read()
-        return tf(torch.from_numpy(simplejpeg.decode_jpeg(data, colorspace="RGB")).permute(2, 0, 1))
-
-    return load
-
-
-PATHS = {
-    "pil": pil_path,
-    "pil-v2": pil_v2_path,
-    "tv-v2": tv_v2_path,
-    "tv": tv_path,
-    "simplejpeg": simplejpeg_path,
-}
 
 
 def sample_files(data, split, n, seed):
@@ -172,12 +130,11 @@ def main(argv=None):
         make = "python tools/make_demo_data.py --imagenet"
         p.error(f"data folder {args.data} does not exist (make one: {make})")
     splits = [("train", True)] if args.quick else [("train", True), ("val", False)]
-    random.seed(args.seed)
     torch.manual_seed(args.seed)
     paths, skipped = {}, {}
     for name in names:
         try:
-            paths[name] = {train: PATHS[name](args.image_size, train) for _, train in splits}
+            paths[name] = {train: make_path(name, args.image_size, train) for _, train in splits}
         except ImportError as e:
             skipped[name] = f"not installed ({e.name}): pip install {e.name}"
     files = {split: sample_files(args.data, split, args.images, args.seed) for split, _ in splits}
@@ -185,8 +142,7 @@ def main(argv=None):
     for split, train in splits:  # warm-up: files into the page cache, allocators and kernels warm
         for fns in paths.values():
             time_path(fns[train], files[split][:20])
-    cpu = {(n, s): [] for n in paths for s, _ in splits}
-    wall = {(n, s): [] for n in paths for s, _ in splits}
+    cpu, wall = collections.defaultdict(list), collections.defaultdict(list)  # (path, split): rates
     for _ in range(args.rounds):
         for split, train in splits:
             for name, fns in paths.items():

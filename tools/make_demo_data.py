@@ -3,23 +3,18 @@
 
     python tools/make_demo_data.py                      # -> data/demo, 10 classes
     python tools/make_demo_data.py --out /tmp/d --classes 7 --val-images 101
-
-Layout is ImageFolder's, as for ImageNet: <out>/train/<class>/*.JPEG and
-<out>/val/<class>/*.JPEG, plus <out>/DEMO_DATA.txt, which tells the training scripts to use
-their demo settings instead of the ImageNet recipe. Each class has its own colour and shape
-drawn at a random place, size and rotation on a noisy background, at varied image sizes, so the
-classes are easy to tell apart yet a network still has to learn something: a ResNet-18 on a
-2-core CPU gets well above chance within a few epochs. The same --seed writes the same bytes.
-
     python tools/make_demo_data.py --imagenet --out data/imagenet-shaped --train-images 20000
 
---imagenet writes data shaped like ImageNet's instead, to time the input pipeline on: 1000
-class folders (or --classes) named like ImageNet's (n + 8 digits), images with ImageNet's
-spread of sizes and aspect ratios (most 500 px on the long side, 4:3 or 3:2; mean about
-400x350), saved at JPEG quality 90, with photo-like content (multi-scale texture, edges,
-sensor grain) that compresses like photos do (about 110 KB a file), plus a few grayscale
-JPEGs, as ImageNet has. It uses every core (--jobs) and prints the set's mean file size and
-image size; the same --seed writes the same bytes whatever --jobs.
+ImageFolder's layout, <out>/{train,val}/<class>/*.JPEG, plus <out>/DEMO_DATA.txt, which tells the
+training scripts to use their demo settings. Each class has its own colour and shape, drawn at a
+random place, size and rotation on a noisy background: easy to tell apart, yet a ResNet-18 on a
+2-core CPU still has to learn for a few epochs to get well above chance.
+
+--imagenet writes data to time the input pipeline on instead: 1000 classes named like ImageNet's
+(n + 8 digits), its spread of image sizes (mean about 400x350) and photo-like content that
+compresses as photos do (about 110 KB a JPEG at quality 90), a few of them grayscale. It uses
+--jobs processes and prints the mean file and image size. The same --seed writes the same bytes,
+whatever --jobs.
 """
 
 import argparse
@@ -33,14 +28,9 @@ import time
 import numpy as np
 from PIL import Image, ImageChops, ImageDraw
 
-# Hue (degrees) and shape of each class; classes past the table reuse the shapes with
-# hues spread evenly, which stays learnable for a few dozen classes.
+# The shape of each class; its hue is spread evenly over the classes. Classes past the table
+# reuse the shapes with other hues, which stays learnable for a few dozen classes.
 SHAPES = ("disc", "square", "triangle", "ring", "cross", "stripes", "diamond", "dots")
-
-
-def class_style(index, num_classes):
-    hue = (index * 360.0 / num_classes) % 360.0
-    return hue, SHAPES[index % len(SHAPES)]
 
 
 def hsv_to_rgb(h, s, v):
@@ -60,30 +50,23 @@ def shape_mask(shape, size, rng):
     # rotate coordinates around the centre so squares, crosses and stripes are not axis-aligned
     u = (xx - cx) * math.cos(a) + (yy - cy) * math.sin(a)
     v = -(xx - cx) * math.sin(a) + (yy - cy) * math.cos(a)
-    d = np.hypot(u, v)
-    if shape == "disc":
-        return d < r
-    if shape == "square":
-        return (abs(u) < r * 0.8) & (abs(v) < r * 0.8)
-    if shape == "triangle":
-        return (v > -r * 0.6) & (v < r * 0.9 - abs(u) * 1.6)
-    if shape == "ring":
-        return (d < r) & (d > r * 0.6)
-    if shape == "cross":
-        return ((abs(u) < r * 0.25) | (abs(v) < r * 0.25)) & (d < r * 1.1)
-    if shape == "stripes":
-        return (np.sin(u / max(r, 1.0) * 3 * math.pi) > 0.3) & (d < r * 1.3)
-    if shape == "diamond":
-        return abs(u) + abs(v) < r
-    if shape == "dots":
-        return (
-            np.sin(u / max(r, 1.0) * 2.5 * math.pi) * np.sin(v / max(r, 1.0) * 2.5 * math.pi) > 0.5
-        ) & (d < r * 1.3)
-    raise ValueError(shape)
+    d, m = np.hypot(u, v), max(r, 1.0)
+    masks = {
+        "disc": d < r,
+        "square": (abs(u) < r * 0.8) & (abs(v) < r * 0.8),
+        "triangle": (v > -r * 0.6) & (v < r * 0.9 - abs(u) * 1.6),
+        "ring": (d < r) & (d > r * 0.6),
+        "cross": ((abs(u) < r * 0.25) | (abs(v) < r * 0.25)) & (d < r * 1.1),
+        "stripes": (np.sin(u / m * 3 * math.pi) > 0.3) & (d < r * 1.3),
+        "diamond": abs(u) + abs(v) < r,
+        "dots": (np.sin(u / m * 2.5 * math.pi) * np.sin(v / m * 2.5 * math.pi) > 0.5)
+        & (d < r * 1.3),
+    }
+    return masks[shape]
 
 
 def draw(index, num_classes, rng):
-    hue, shape = class_style(index, num_classes)
+    hue, shape = (index * 360.0 / num_classes) % 360.0, SHAPES[index % len(SHAPES)]
     size = int(rng.integers(64, 161))  # varied sizes, as real photos are
     background = rng.uniform(40, 215, size=3)
     img = background + rng.normal(0, 25, size=(size, size, 3))
@@ -118,9 +101,7 @@ TEXTURES = 16  # textures per generator process (the same ones in every process)
 GRAIN = 1024  # side of the sensor-grain image
 GRAIN_SIGMA = 12.0  # grey levels of sensor grain: with DETAIL, sets how large the files are
 CHUNK = 64  # images a worker process writes at a time
-DETAIL = (
-    1.05  # amplitude ratio from one octave of texture to the next finer (detail at every scale)
-)
+DETAIL = 1.05  # amplitude ratio from one octave of texture to the next finer: detail at all scales
 
 
 def imagenet_class_names(num_classes, seed):
@@ -154,17 +135,7 @@ def make_texture(rng):
     cells, amp = 3, 60.0
     while cells <= TEXTURE // 2:
         noise = rng.normal(0, 1, (cells, cells, 1)) + 0.5 * rng.normal(0, 1, (cells, cells, 3))
-        img += amp * np.stack(
-            [
-                np.asarray(
-                    Image.fromarray(noise[:, :, c].astype(np.float32)).resize(
-                        (TEXTURE, TEXTURE), Image.BICUBIC
-                    )
-                )
-                for c in range(3)
-            ],
-            -1,
-        )
+        img += amp * np.stack([upsample(noise[:, :, c]) for c in range(3)], -1)
         amp *= DETAIL
         cells *= 2
     texture = Image.fromarray(img.clip(0, 255).astype(np.uint8))
@@ -175,12 +146,8 @@ def make_texture(rng):
         x, y = rng.integers(0, TEXTURE, size=2)
         r = int(rng.integers(20, TEXTURE // 4))
         colour = tuple(int(c) for c in rng.integers(0, 256, size=3))
-        box = [
-            int(x - r),
-            int(y - r * rng.uniform(0.4, 1.0)),
-            int(x + r),
-            int(y + r * rng.uniform(0.4, 1.0)),
-        ]
+        top, bottom = r * rng.uniform(0.4, 1.0, size=2)
+        box = [int(x - r), int(y - top), int(x + r), int(y + bottom)]
         if rng.random() < 0.5:
             draw.ellipse(box, fill=colour)
             draw_mask.ellipse(box, fill=int(rng.integers(120, 230)))
@@ -196,23 +163,24 @@ def make_texture(rng):
     return Image.composite(shapes, texture, mask)
 
 
-_BANK = {}
+def upsample(channel):
+    image = Image.fromarray(channel.astype(np.float32))
+    return np.asarray(image.resize((TEXTURE, TEXTURE), Image.BICUBIC))
 
 
+@functools.cache
 def bank(seed):
     """Textures and grain, made once per process from the seed alone (so that --jobs does not
     change the output)."""
-    if seed not in _BANK:
-        rng = np.random.default_rng([seed, 1])
-        textures = [make_texture(rng) for _ in range(TEXTURES)]
-        grain = Image.fromarray(
-            (128 + rng.normal(0, GRAIN_SIGMA, (GRAIN, GRAIN))).clip(0, 255).astype(np.uint8)
-        )
-        chroma = Image.fromarray(
-            (128 + rng.normal(0, GRAIN_SIGMA / 3, (GRAIN, GRAIN, 3))).clip(0, 255).astype(np.uint8)
-        )
-        _BANK[seed] = textures, ImageChops.add(grain.convert("RGB"), chroma, 1.0, -128)
-    return _BANK[seed]
+    rng = np.random.default_rng([seed, 1])
+    textures = [make_texture(rng) for _ in range(TEXTURES)]
+    grain = grey_noise(rng, GRAIN_SIGMA, (GRAIN, GRAIN)).convert("RGB")
+    chroma = grey_noise(rng, GRAIN_SIGMA / 3, (GRAIN, GRAIN, 3))
+    return textures, ImageChops.add(grain, chroma, 1.0, -128)
+
+
+def grey_noise(rng, sigma, shape):
+    return Image.fromarray((128 + rng.normal(0, sigma, shape)).clip(0, 255).astype(np.uint8))
 
 
 def photo(seed, split, index, label, num_classes):
@@ -292,18 +260,23 @@ def write_imagenet(out, train, val, num_classes, seed, jobs):
                 print(f"\r{len(stats)}/{train + val} images", end="", flush=True)
     if sys.stdout.isatty():
         print()
-    stats = np.array(stats, dtype=np.float64)
     elapsed = time.perf_counter() - start
+    size, width, height = np.array(stats, dtype=np.float64).T
     print(
         f"wrote {train} training and {val} validation images in {num_classes} classes to {out} in "
         f"{elapsed:.0f} s ({len(stats) / elapsed:.0f} images/s with {jobs} process(es))"
     )
     print(
-        f"mean file size {stats[:, 0].mean() / 1000:.1f} KB (ImageNet: about 110 KB), mean image "
-        f"size {stats[:, 1].mean():.0f}x{stats[:, 2].mean():.0f} px (ImageNet: about 400x350), "
-        f"median {np.median(stats[:, 1]):.0f}x{np.median(stats[:, 2]):.0f}, "
-        f"{stats[:, 0].sum() / 1e9:.2f} GB in all"
+        f"mean file size {size.mean() / 1000:.1f} KB (ImageNet: about 110 KB), mean image size "
+        f"{width.mean():.0f}x{height.mean():.0f} px (ImageNet: about 400x350), median "
+        f"{np.median(width):.0f}x{np.median(height):.0f}, {size.sum() / 1e9:.2f} GB in all"
     )
+
+
+DEMO_NOTE = (
+    "Demo data made by tools/make_demo_data.py. The training scripts use their few-minute demo\n"
+    "settings on this folder (global batch 32, 3 epochs, 2 loader workers), not ImageNet's.\n"
+)
 
 
 def main(argv=None):
@@ -334,18 +307,10 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed)
     write_split(args.out, "train", per_class(train, args.classes), args.classes, rng)
     write_split(args.out, "val", per_class(val, args.classes), args.classes, rng)
-    with open(
-        os.path.join(args.out, "DEMO_DATA.txt"), "w"
-    ) as f:  # the training scripts look for this name
-        f.write(
-            "Demo data made by tools/make_demo_data.py. The training scripts use their few-minute "
-            "demo\nsettings on this folder (global batch 32, 3 epochs, 2 loader workers), not "
-            "ImageNet's.\n"
-        )
-    print(
-        f"wrote {train} training and {val} validation images in {args.classes} classes to "
-        f"{args.out}"
-    )
+    with open(os.path.join(args.out, "DEMO_DATA.txt"), "w") as f:  # the scripts look for it
+        f.write(DEMO_NOTE)
+    wrote = f"wrote {train} training and {val} validation images in {args.classes} classes"
+    print(f"{wrote} to {args.out}")
     return 0
 
 
