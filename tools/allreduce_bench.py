@@ -10,23 +10,14 @@
     tools/hosts.sh exec node1 .venv/bin/torchrun --nnodes=2 --node-rank=1 --master-addr=node0 \\
         --master-port=29500 tools/allreduce_bench.py
 
-For each collective of --op (all_reduce: a sum in place; all_gather and reduce_scatter: the
-single-tensor forms FSDP2 calls) and each size from --min-bytes to --max-bytes by --factor, every
-process runs it a few times after a warm-up, and rank 0 prints the time of one (the mean over the
-timed ones, the slowest process's) and two bandwidths, as nccl-tests defines them (the size is the
-all-reduce's tensor, the all-gather's output, the reduce-scatter's input):
-
-  algbw = size / time       what the caller sees: bytes per second
-  busbw = algbw x f         what each link of a ring of n processes carries per second: f =
-                            2 (n - 1) / n for an all-reduce (a reduce-scatter, then an all-gather),
-                            (n - 1) / n for the others; comparable with the link's speed, whatever
-                            n, where the backend sends what a ring sends
-
-and the bytes each process sent per collective over every interface but loopback (in a test host of
-tools/hosts.sh, what it sent). Then the latency (the time at the smallest size) and a fit over the
-sizes from --fit-from up, time = alpha + size x f / busbw, which tools/scaling_model.py uses for a
-link. GB/s are 1e9 bytes per second, Gbit/s 1e9 bits. A size is timed as often as fits in about
---seconds (1 to --iters), so that a slow link is measured in bounded time. --json writes it all.
+For each collective (all_gather and reduce_scatter: the single-tensor forms FSDP2 calls) and each
+size, float32, rank 0 prints the mean time of one (the slowest process's), algbw = size / time and
+busbw = algbw x f, as nccl-tests defines them: what each link of a ring of n processes carries, f =
+2 (n - 1) / n for an all-reduce, (n - 1) / n for the others (the size is the all-reduce's tensor,
+the all-gather's output, the reduce-scatter's input); and the bytes each process sent over every
+interface but loopback. Then a fit, time = alpha + size x f / busbw, over the sizes from --fit-from
+up, which tools/scaling_model.py uses for a link. A size is timed as often as fits in about
+--seconds (1 to --iters), so that a slow link is measured in bounded time. GB/s are 1e9 bytes/s.
 """
 
 import argparse
@@ -41,8 +32,8 @@ import time
 
 PROG = os.path.basename(sys.argv[0])
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
-DTYPES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half"}  # nccl-tests' names
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
+ELEM = 4  # bytes of a float32, "float" in nccl-tests' tables
 
 
 def fail(message):
@@ -107,15 +98,12 @@ def parse_args():
     add("-b", "--min-bytes", type=parse_bytes, default=4096, help="smallest size (4K)")
     add("-e", "--max-bytes", type=parse_bytes, default=2**26, help="largest size (64M)")
     add("-f", "--factor", type=int, default=4, help="size multiplier between rows (4)")
-    add("-d", "--dtype", choices=sorted(DTYPES), default="float32")
     add("--op", type=lambda t: t.split(","), default=["all_reduce"], help=", ".join(OPS))
     add("-w", "--warmup", type=int, default=1, help="untimed collectives per size (1)")
     add("-n", "--iters", type=int, default=20, help="most timed collectives per size (20)")
     add("--seconds", type=float, default=1.0, help="time to spend on each size (about 1)")
     add("--fit-from", type=parse_bytes, default=2**18, help="smallest size in the fit (256K)")
-    add("--backend", help="default: nccl with CUDA, else gloo")
     add("--threads", type=int, default=1, help="intra-op threads per process (1)")
-    add("--timeout", type=float, default=600, help="seconds before a stuck collective fails")
     add("--json", metavar="PATH", help="write the tables and the fits here (rank 0)")
     args = p.parse_args()
     if set(args.op) - set(OPS):
@@ -142,25 +130,22 @@ def main():
 
     torch.set_num_threads(args.threads)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    device = torch.device("cpu")
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    backend, device = "gloo", torch.device("cpu")
+    if torch.cuda.is_available():
+        backend, device = "nccl", torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
     try:
-        timeout = datetime.timedelta(seconds=args.timeout)
+        timeout = datetime.timedelta(seconds=600)  # a stuck collective fails, in the end
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     except (RuntimeError, ValueError) as e:  # DistError is one: a peer that never came, a port
         fail(f"cannot join the process group ({backend}): {str(e).strip().splitlines()[0]}")
-    dtype = getattr(torch, args.dtype)
-    elem = torch.empty((), dtype=dtype).element_size()
 
     hosts = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
     if rank == 0:
         print(
             f"# {PROG}: {', '.join(args.op)}, {backend}, {world} processes on {len(set(hosts))} "
-            f"host(s) ({', '.join(dict.fromkeys(hosts))}), {args.dtype}, torch {torch.__version__}"
+            f"host(s) ({', '.join(dict.fromkeys(hosts))}), float32, torch {torch.__version__}"
         )
         print(
             f"# warm-up {args.warmup}, then as many as fit in ~{args.seconds:g} s (1 to "
@@ -168,12 +153,10 @@ def main():
         )
     results = {}
     for op in args.op:
-        rows = measure(op, args, world, elem, dtype, device, rank == 0)
-        alpha, busbw = (
-            (rows[0]["time_s"], None)
-            if world == 1
-            else fit(rows, bus_factor(op, world), args.fit_from)
-        )
+        rows = measure(op, args, world, device, rank == 0)
+        alpha, busbw = rows[0]["time_s"], None
+        if world > 1:
+            alpha, busbw = fit(rows, bus_factor(op, world), args.fit_from)
         fitted = dict(alpha_s=alpha, busbw_Bps=busbw, from_bytes=args.fit_from)
         results[op] = dict(rows=rows, latency_s=rows[0]["time_s"], fit=fitted)
         if rank == 0:
@@ -191,13 +174,13 @@ def main():
         print("# one process: nothing crosses a link, so no bus bandwidth")
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
-            info = dict(tool=PROG, backend=backend, world_size=world, hosts=hosts, dtype=args.dtype)
-            info.update(element_bytes=elem, torch=torch.__version__, command=" ".join(sys.argv))
+            info = dict(tool=PROG, backend=backend, world_size=world, hosts=hosts, dtype="float32")
+            info.update(element_bytes=ELEM, torch=torch.__version__, command=" ".join(sys.argv))
             f.write(json.dumps(dict(info, ops=results), indent=1) + "\n")
     dist.destroy_process_group()
 
 
-def measure(op, args, world, elem, dtype, device, show):
+def measure(op, args, world, device, show):
     """Times `op` at each size: a row per size, printed (by rank 0) as it comes."""
     import torch
     import torch.distributed as dist
@@ -223,19 +206,16 @@ def measure(op, args, world, elem, dtype, device, show):
         dist.all_reduce(both[:1], op=dist.ReduceOp.MAX)
         return both[0].item() / count, both[1].item() / count
 
+    columns = "# {:>10} {:>12} {:>9} {:>10} {:>8} {:>8} {:>12}"
     if show:
         print(f"#\n# {op}")
-        print(
-            f"# {'size':>10} {'count':>12} {'type':>9} {'time':>10} {'algbw':>8} {'busbw':>8}",
-            end="",
-        )
-        print(f" {'sent':>12}\n# {'(B)':>10} {'(elements)':>12} {'':>9} {'(us)':>10} ", end="")
-        print(f"{'(GB/s)':>8} {'(GB/s)':>8} {'(B)':>12}")
+        print(columns.format("size", "count", "type", "time", "algbw", "busbw", "sent"))
+        print(columns.format("(B)", "(elements)", "", "(us)", "(GB/s)", "(GB/s)", "(B)"))
     rows = []
     split = 1 if op == "all_reduce" else world  # the size is split evenly between the processes
-    for size in sizes(args.min_bytes, args.max_bytes, args.factor, elem * split):
-        whole = torch.ones(size // elem, dtype=dtype, device=device)
-        part = torch.empty(size // elem // split, dtype=dtype, device=device)
+    for size in sizes(args.min_bytes, args.max_bytes, args.factor, ELEM * split):
+        whole = torch.ones(size // ELEM, device=device)
+        part = torch.empty(size // ELEM // split, device=device)
         x, out = {"all_reduce": (whole, None), "all_gather": (part, whole)}.get(op, (whole, part))
         first, _ = timed(max(args.warmup, 1), x, out)  # one at least: it tells how many fit
         iters = max(1, min(args.iters, math.floor(args.seconds / first)))
@@ -243,11 +223,11 @@ def measure(op, args, world, elem, dtype, device, show):
         t, sent = timed(iters, x, out)
         algbw = size / t
         busbw = algbw * bus_factor(op, world)
-        row = dict(bytes=size, count=size // elem, time_s=t, iters=iters, algbw_Bps=algbw)
+        row = dict(bytes=size, count=size // ELEM, time_s=t, iters=iters, algbw_Bps=algbw)
         rows.append(dict(row, busbw_Bps=busbw, sent_bytes=sent))
         if show:
             print(
-                f"  {size:>10} {size // elem:>12} {DTYPES[args.dtype]:>9} {t * 1e6:>10.1f} "
+                f"  {size:>10} {size // ELEM:>12} {'float':>9} {t * 1e6:>10.1f} "
                 f"{algbw / 1e9:>8.3f} {busbw / 1e9:>8.3f} {sent:>12.0f}",
                 flush=True,
             )

@@ -1,11 +1,8 @@
-# netbench.sh: the network benchmark of start.sh (bash start.sh --hosts N --link RATES), sourced by
-# start.sh after its configuration. On one machine every backend talks over loopback, where they look
-# alike; here each process runs in a test host of tools/hosts.sh (a network namespace), whose eth0 is
-# shaped with tc to the rate under test. Per rate, tools/allreduce_bench.py measures the link first
-# (the all-reduce at 2 to the most hosts a row uses; FSDP's collectives at N); then every row runs
-# (parse_row), and once in one process (one host) with the same work per process.
-# tools/scaling_model.py profiles one process's compute first, and tools/benchmark_report.py
-# --network sets its predictions beside the runs.
+# netbench.sh: the network benchmark of start.sh (bash start.sh --hosts N --link RATES; docs/benchmark.md),
+# sourced by start.sh after its configuration. Each process runs in a test host of tools/hosts.sh (a network
+# namespace) whose eth0 is shaped with tc to the rate under test. In order: one process's compute
+# (tools/scaling_model.py profile); per rate the link (tools/allreduce_bench.py, from 2 to the most hosts a row
+# uses); each row once in one process (one host), the same work per process; each row at each rate.
 #
 # Uses from start.sh: PROG ROOT PYTHON TORCHRUN RESULTS ARCH IMAGE_SIZE BATCH WORKERS PRINT_FREQ CORES
 # CMDLINE FAILED IS_TTY, die, progress_text, and NHOSTS LINKS ROWS STEPS set by its options.
@@ -37,11 +34,8 @@ parse_row() {
     R_ARGS=() R_WRAP=()
     case $R_BACKEND in
         distributed) R_SCRIPT=distributed.py ;;
-        apex) R_SCRIPT=apex_distributed.py ;;
-        fsdp) R_SCRIPT=fsdp_distributed.py ;;
-        multiprocessing) R_SCRIPT=multiprocessing_distributed.py ;;
-        horovod) R_SCRIPT=horovod_distributed.py ;;
         slurm) R_SCRIPT=distributed_slurm_main.py ;;
+        apex | fsdp | multiprocessing | horovod) R_SCRIPT=${R_BACKEND}_distributed.py ;;
         *) die "row '$row': '$R_BACKEND' does not run across hosts here (one of: ${BACKENDS_NET// /, })" ;;
     esac
     for tag in "${parts[@]:1}"; do
@@ -141,15 +135,13 @@ run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-
         (($#)) && shift
         if [[ ${cmd[0]} == @here ]]; then  # run on this machine (srun), not in a host
             cmd=("${cmd[@]:1}")
-            printf '%q ' "${cmd[@]}" >>"$dir/command.txt"
-            setsid "${cmd[@]}" >"$dir/host$h.log" 2>&1 </dev/null &
         else
-            printf '%q ' tools/hosts.sh exec "$(host "$h")" "${cmd[@]}" >>"$dir/command.txt"
-            setsid env HOSTS_PREFIX="$NET_PREFIX" HOSTS_NET="$NET_NET" bash "$ROOT/tools/hosts.sh" exec "$(host "$h")" \
-                "${cmd[@]}" >"$dir/host$h.log" 2>&1 </dev/null &
+            cmd=(tools/hosts.sh exec "$(host "$h")" "${cmd[@]}")
         fi
-        NET_PIDS+=($!)
+        printf '%q ' "${cmd[@]}" >>"$dir/command.txt"
         printf '\n' >>"$dir/command.txt"
+        HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET setsid "${cmd[@]}" >"$dir/host$h.log" 2>&1 </dev/null &
+        NET_PIDS+=($!)
         h=$((h + 1))
     done
     label="$name @ $rate"
@@ -199,8 +191,6 @@ net_skip() {  # row rate reason
 }
 
 # ---- the rows' launchers across the hosts ----
-# Each runs one row at one rate through run_hosts, across R_HOSTS hosts. Arguments: name rate ref dir
-# script args...
 torchrun_all() {  # hosts port command...: torchrun on every host, static rendezvous at host 0 by name
     local n=$1 port=$2 h
     shift 2
@@ -212,42 +202,31 @@ torchrun_all() {  # hosts port command...: torchrun on every host, static rendez
     done
 }
 
-launch_torchrun() {  # distributed, apex, fsdp
-    local name=$1 rate=$2 ref=$3 dir=$4 script=$5
-    shift 5
-    torchrun_all "$R_HOSTS" $((NET_PORT++)) "${R_WRAP[@]}" "$script" "$@" --output-dir "$dir"
-    run_hosts "$name" "$rate" "$ref" "$R_HOSTS" "$THREADS" "$dir" - -- "${ALL[@]}"
-}
-
-launch_spawn() {  # multiprocessing: the script on every host, node rank --rank, rendezvous at host 0
-    local name=$1 rate=$2 ref=$3 dir=$4 script=$5 h port=$((NET_PORT++))
-    shift 5
-    local -a all=()
-    for ((h = 0; h < R_HOSTS; h++)); do
-        ((h > 0)) && all+=(--)
-        all+=("$PYTHON" "$script" --world-size "$R_HOSTS" --rank "$h" --nprocs 1 --dist-url "tcp://$(host 0):$port"
-              "$@" --output-dir "$dir")
-    done
-    run_hosts "$name" "$rate" "$ref" "$R_HOSTS" "$THREADS" "$dir" - -- "${all[@]}"
-}
-
-launch_horovod() {  # horovodrun on host 0, which starts the other hosts' ranks through ssh
-    local name=$1 rate=$2 ref=$3 dir=$4 script=$5 h hostlist=""
-    shift 5
-    for ((h = 0; h < NHOSTS; h++)); do hostlist+="${hostlist:+,}$(host "$h"):1"; done
-    local path=$PATH
-    export PATH=$SSH_DIR/bin:$PATH  # our ssh first (not in the command line: the report shows that)
-    run_hosts "$name" "$rate" "$ref" "$NHOSTS" "$THREADS" "$dir" - -- \
-        "$HVDRUN" -np "$NHOSTS" -H "$hostlist" --gloo -p "$SSH_PORT" -i "$SSH_DIR/client_key" --start-timeout 120 \
-        "$PYTHON" "$script" "$@" --output-dir "$dir"
-    export PATH=$path
-}
-
-launch_slurm() {  # srun from this machine; slurmd in each host starts its task there
-    local name=$1 rate=$2 ref=$3 dir=$4 script=$5
-    shift 5
-    run_hosts "$name" "$rate" "$ref" "$NHOSTS" "$THREADS" "$dir" - -- @here srun --quiet --kill-on-bad-exit=1 \
-        -N "$NHOSTS" --ntasks-per-node=1 "$PYTHON" "$script" "$@" --output-dir "$dir"
+launch_row() {  # name rate dir script-args...: the row of R_* at one rate, across R_HOSTS hosts
+    local name=$1 rate=$2 dir=$3 h port hostlist=""
+    shift 3
+    case $R_BACKEND in
+        distributed | apex | fsdp)
+            torchrun_all "$R_HOSTS" $((NET_PORT++)) "${R_WRAP[@]}" "$R_SCRIPT" "$@" --output-dir "$dir" ;;
+        multiprocessing)  # the script on every host, node rank --rank, rendezvous at host 0
+            port=$((NET_PORT++))
+            ALL=()
+            for ((h = 0; h < R_HOSTS; h++)); do
+                ((h > 0)) && ALL+=(--)
+                ALL+=("$PYTHON" "$R_SCRIPT" --world-size "$R_HOSTS" --rank "$h" --nprocs 1 --dist-url "tcp://$(host 0):$port"
+                      "$@" --output-dir "$dir")
+            done ;;
+        horovod)  # horovodrun on host 0, which starts the other hosts' ranks through ssh
+            for ((h = 0; h < R_HOSTS; h++)); do hostlist+="${hostlist:+,}$(host "$h"):1"; done
+            ALL=("$HVDRUN" -np "$R_HOSTS" -H "$hostlist" --gloo -p "$SSH_PORT" -i "$SSH_DIR/client_key" --start-timeout 120
+                 "$PYTHON" "$R_SCRIPT" "$@" --output-dir "$dir") ;;
+        slurm)  # srun from this machine; slurmd in each host starts its task there
+            ALL=(@here srun --quiet --kill-on-bad-exit=1 -N "$R_HOSTS" --ntasks-per-node=1 "$PYTHON" "$R_SCRIPT" "$@"
+                 --output-dir "$dir") ;;
+    esac
+    # horovodrun's ssh is ours, first on PATH (not in the command line: the report shows that)
+    PATH=${SSH_DIR:+$SSH_DIR/bin:}$PATH run_hosts "$name" "$rate" "$(ref_of "$name")" "$R_HOSTS" "$THREADS" "$dir" - \
+        -- "${ALL[@]}"
 }
 
 # ---- what some backends need first ----
@@ -431,15 +410,8 @@ network_benchmark() {
                 continue
             fi
             shape "$rate"
-            local -a args=(--data "$(net_data "$gb")" -a "$ARCH" -b "$gb" --epochs 1 -j "$WORKERS"
-                           --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" --dist-timeout 300 "${R_ARGS[@]}")
-            local dir=$RUNS/$rate/$row
-            case $R_BACKEND in
-                distributed | apex | fsdp) launch_torchrun "$row" "$rate" "$(ref_of "$row")" "$dir" "$R_SCRIPT" "${args[@]}" ;;
-                multiprocessing) launch_spawn "$row" "$rate" "$(ref_of "$row")" "$dir" "$R_SCRIPT" "${args[@]}" ;;
-                horovod) launch_horovod "$row" "$rate" "$(ref_of "$row")" "$dir" "$R_SCRIPT" "${args[@]}" ;;
-                slurm) launch_slurm "$row" "$rate" "$(ref_of "$row")" "$dir" "$R_SCRIPT" "${args[@]}" ;;
-            esac
+            launch_row "$row" "$rate" "$RUNS/$rate/$row" --data "$(net_data "$gb")" -a "$ARCH" -b "$gb" --epochs 1 \
+                -j "$WORKERS" --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" --dist-timeout 300 "${R_ARGS[@]}"
         done
         [[ $R_BACKEND == horovod ]] && horovod_teardown
         [[ $R_BACKEND == slurm ]] && slurm_teardown

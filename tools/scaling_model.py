@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
-"""Step time and scaling efficiency of DDP or FSDP training on N nodes x G processes.
+"""Step time and scaling efficiency of DDP or FSDP training on N nodes x G processes, from one
+process's compute and a link: the model docs/scaling.md describes and checks against measured runs.
 
-    # 1. what one process computes: forward, backward (each gradient's ready time), optimizer
     python tools/scaling_model.py profile -a resnet18 --image-size 64 --batch 8 --out prof.json
-    # 2. the link: tools/allreduce_bench.py --json across hosts (one per process count), or a rate
-    # 3. the prediction
+    # the link: tools/allreduce_bench.py --json across hosts (one file per process count), or a rate
     python tools/scaling_model.py predict --profile prof.json --allreduce ar2.json,ar4.json \\
         --nodes 2,4
     python tools/scaling_model.py predict --profile prof.json --link 1gbit --compression bf16
@@ -12,46 +11,16 @@
     python tools/scaling_model.py predict -a resnet50 --images-per-s 2470 --batch 256 \\
         --gpus-per-node 8 --nodes 1,2,4,8,16 --link 25gbit,100gbit,400gbit --intra-busbw 230
 
-The model of one optimizer step of one process (all do the same, in lockstep), K micro-batches
-(--accum K) of b images each:
-
-  DDP   K - 1 micro-batches of data + forward + backward that send nothing; then the last one's
-        data, forward and backward, during which each of DDP's buckets (1 MiB, then 25 MiB, filled
-        in the order the gradients become ready) starts its all-reduce when its last gradient is
-        ready and the link is free; with --compression bf16 or fp16 each bucket is cast first (on
-        the backward's path) and sends half the bytes. Then the optimizer, once the backward and
-        the last all-reduce are done.
-  FSDP  the same compute, plus FSDP2's collectives for each group of fsdp_distributed.py (at most
-        a tenth of the model each): an all-gather of the group's parameters before its forward and
-        again before its backward (not the root group's, which stays gathered), in every
-        micro-batch, and a reduce-scatter of its gradients after the last backward. On CPU (gloo)
-        FSDP2 waits for each collective, so they add to the compute; on GPUs (NCCL) they run on
-        streams of their own and overlap it: there the model's step is an upper bound.
-
-  images/s = K b N G / step; efficiency = images/s over N G times one process's images/s alone.
-
-A collective of S bytes over n = N G processes takes alpha(n) + S x f / busbw: f = 2 (n - 1) / n
-for an all-reduce, (n - 1) / n for an all-gather or a reduce-scatter (a ring; busbw is nccl-tests'
-bus bandwidth), and alpha(n) = base + 2 (n - 1) x hop, as a ring's 2 (n - 1) steps each wait one
-hop's latency. A link measured by tools/allreduce_bench.py gives busbw and alpha per collective
-(gloo's reduce-scatter sends what an all-reduce sends, so its busbw is half the link's), and hop
-from measurements at several process counts (from one, alpha grows in proportion to the steps).
-A link given by its rate is NCCL's ring: every collective at the rate x --link-efficiency,
---latency-us a hop. Within a node the ring runs over NVLink (--intra-busbw), across nodes over
-each node's link, and the slower of the two sets the pace.
-
-The compute: `profile` measures it in this process, under DDP in a world of one (each gradient's
-ready time from post-accumulate-grad hooks, DDP's own buckets); `predict -a ARCH --images-per-s N`
-takes a published per-GPU rate instead and splits batch / rate between forward and backward, and
-the backward between modules, by FLOPs counted on the meta device. With --alone-step S (a measured
-step of one process alone) the profile's times are scaled so that its step alone takes S: the
-profile gives the split, the run the speed.
-
-What it leaves out: the CPU (on GPUs, the SMs) that communication takes from the compute it
-overlaps, stragglers, the data loader beyond --loader-ips, and SyncBatchNorm's collectives.
+One optimizer step of one process (all do the same, in lockstep), K micro-batches of b images:
+DDP overlaps each bucket's all-reduce with the rest of the last backward pass; FSDP2 waits for its
+all-gathers and reduce-scatters (as on CPU; on GPUs an upper bound). A collective of S bytes over
+n processes takes alpha(n) + S x f / busbw (a ring: f = 2 (n - 1) / n for an all-reduce, (n - 1) /
+n for the others; alpha(n) = base + 2 (n - 1) x hop). images/s = K b N G / step; efficiency =
+images/s over N G times one process's images/s alone.
 """
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -138,7 +107,7 @@ def bucket(params, indices):
     )
 
 
-def measure_profile(arch, image_size, batch, num_classes, threads, steps, warmup):
+def measure_profile(arch, image_size, batch, num_classes, threads, steps=5, warmup=2):
     """Times one process's training step of `arch` on random images, under DDP in a world of one
     (so its bucket copies and hooks are in the times), and reads DDP's rebuilt buckets."""
     import torch
@@ -192,13 +161,9 @@ def measure_profile(arch, image_size, batch, num_classes, threads, steps, warmup
     ]
     order = sorted(range(len(grads)), key=lambda i: grads[i]["ready_s"])
     ours = [[order[j] for j in b] for b in ddp_buckets([grads[i]["bytes"] for i in order])]
-    # DDP's own buckets after its rebuild, as parameter indices: ours must be the same
+    # DDP's own buckets after its rebuild, as parameter indices (the tests hold ours to them)
     logged = logged.get("rebuilt_per_bucket_param_indices", "")
     theirs = [[int(i) for i in b.split()] for b in logged.split(",") if b.strip()]
-    if theirs and sorted(map(sorted, theirs)) != sorted(map(sorted, ours)):
-        print(
-            f"{PROG}: warning: DDP's buckets differ from the model's; using DDP's", file=sys.stderr
-        )
     setting = dict(arch=arch, image_size=image_size, batch=batch, num_classes=num_classes)
     return make_profile(
         f"measured: {arch} at {image_size} px, batch {batch}, {threads} thread(s), DDP in a world "
@@ -449,7 +414,7 @@ STRATEGIES = {"ddp": step_time, "fsdp": fsdp_step_time}
 
 
 def cmd_profile(args):
-    for name in ("batch", "image_size", "num_classes", "threads", "steps"):
+    for name in ("batch", "image_size", "num_classes", "threads"):
         if getattr(args, name) < 1:
             fail(f"--{name.replace('_', '-')} must be at least 1")
     try:
@@ -460,13 +425,7 @@ def cmd_profile(args):
         fail(f"unknown model '{args.arch}' (any torchvision classification model, e.g. resnet18)")
     try:
         prof = measure_profile(
-            args.arch,
-            args.image_size,
-            args.batch,
-            args.num_classes,
-            args.threads,
-            args.steps,
-            args.warmup,
+            args.arch, args.image_size, args.batch, args.num_classes, args.threads
         )
     except RuntimeError as e:  # an image too small for the model, out of memory
         first = str(e).strip().splitlines()[0]
@@ -529,6 +488,8 @@ def cmd_predict(args):
     # the cheap checks first: a given profile takes seconds to count
     if args.accum < 1 or args.gpus_per_node < 1 or min(args.nodes) < 1:
         fail("--accum, --gpus-per-node and --nodes must be at least 1")
+    if args.latency_us < 0:
+        fail("--latency-us must not be negative")
     intra = args.intra_busbw * 1e9 if args.intra_busbw else None
     try:
         links = [Link.measured(paths.split(","), intra) for paths in args.allreduce or []]
@@ -547,28 +508,15 @@ def cmd_predict(args):
             fail(f"--bucket-cap-mb: the profile has no gradient ready times (an older {PROG}'s)")
         profile = rebucket(profile, args.bucket_cap_mb)
     rows = []
+    settings = itertools.product(links, args.nodes, args.strategy, args.compression)
     try:
-        for link in links:
-            for nodes in args.nodes:
-                for strategy in args.strategy:
-                    for compression in args.compression:
-                        setting = (link, nodes, args.gpus_per_node, compression, args.accum, data_s)
-                        r = STRATEGIES[strategy](profile, *setting)
-                        rows.append(
-                            dict(link=link.name, nodes=nodes, per_node=args.gpus_per_node, **r)
-                            | dict(strategy=strategy, compression=compression, accum=args.accum)
-                        )
+        for link, nodes, strategy, compression in settings:
+            step = STRATEGIES[strategy]
+            r = step(profile, link, nodes, args.gpus_per_node, compression, args.accum, data_s)
+            rows.append(dict(r, link=link, nodes=nodes, strategy=strategy, compression=compression))
     except (ValueError, KeyError) as e:  # a collective not measured, FSDP groups not profiled
         fail(f"cannot predict: {e}")
-    print_rows(args, profile, data_s, rows)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(json.dumps(dict(profile=profile, data_s=data_s, rows=rows), indent=1) + "\n")
-
-
-def print_rows(args, profile, data_s, rows):
-    """A Markdown table; without --markdown, what it rests on first."""
-    if not args.markdown:
+    if not args.markdown:  # what the table rests on
         print(
             f"# {PROG}: {profile['arch']} {profile['image_size']} px, {profile['batch']} images a "
             f"process and micro-batch; {profile['source']}"
@@ -579,7 +527,7 @@ def print_rows(args, profile, data_s, rows):
             f"optimizer {profile['optimizer_s'] * 1e3:.1f} ms; {profile['param_bytes'] / 1e6:.1f} "
             f"MB of gradients in {len(profile['buckets'])} buckets"
         )
-        print("# links: " + "; ".join(dict.fromkeys(r["link"] for r in rows)))
+        print("# links: " + "; ".join(dict.fromkeys(link.name for link in links)))
     print(
         "| link | nodes x GPUs | strategy | compression | accum | step (ms) "
         "| communication (ms) | not hidden (ms) | images/s | efficiency |"
@@ -587,8 +535,8 @@ def print_rows(args, profile, data_s, rows):
     print("|---|--:|---|---|--:|--:|--:|--:|--:|--:|")
     for r in rows:
         print(
-            f"| {r['link'].split(' ')[0].rstrip(':')} | {r['nodes']} x {r['per_node']} | "
-            f"{r['strategy']} | {r['compression']} | {r['accum']} | {r['step_s'] * 1e3:.1f} | "
+            f"| {r['link'].name.split(' ')[0].rstrip(':')} | {r['nodes']} x {args.gpus_per_node} | "
+            f"{r['strategy']} | {r['compression']} | {args.accum} | {r['step_s'] * 1e3:.1f} | "
             f"{r['comm_s'] * 1e3:.1f} | {r['exposed_s'] * 1e3:.1f} | "
             f"{r['images_per_s']:,.{0 if r['images_per_s'] >= 100 else 2}f} | "
             f"{100 * r['efficiency']:.1f}% |"
@@ -596,7 +544,7 @@ def print_rows(args, profile, data_s, rows):
 
 
 def comma_list(kind, name, choices=()):
-    choices = list(choices)
+    """An argparse type: a comma-separated list of `kind`, each one of `choices` if given."""
     listed = ", ".join(choices[:-1]) + " or " + choices[-1] if choices else ""
 
     def parse(text):
@@ -622,20 +570,17 @@ def positive(text):
 
 def main():
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__[__doc__.index("The model") :],
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="command", required=True)
     pr = sub.add_parser("profile", help="measure one process's compute and DDP's buckets")
-    pr.add_argument("-a", "--arch", default="resnet18")
-    pr.add_argument("--image-size", type=int, default=224)
-    pr.add_argument("--batch", type=int, default=32, help="images per process and micro-batch")
-    pr.add_argument("--num-classes", type=int, default=1000)
-    pr.add_argument("--threads", type=int, default=1, help="intra-op threads, as in training")
-    pr.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
-    pr.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
-    pr.add_argument("--out", metavar="JSON")
+    add = pr.add_argument
+    add("-a", "--arch", default="resnet18")
+    add("--image-size", type=int, default=224)
+    add("--batch", type=int, default=32, help="images per process and micro-batch")
+    add("--num-classes", type=int, default=1000)
+    add("--threads", type=int, default=1, help="intra-op threads, as in training")
+    add("--out", metavar="JSON")
     pr.set_defaults(func=cmd_profile)
 
     ob = sub.add_parser("one-bucket", help="run a script with DDP's gradients in one bucket")
@@ -658,20 +603,17 @@ def main():
     add("--intra-busbw", type=positive, metavar="GB/s", help="busbw within a node")
     add("--nodes", type=comma_list(int, "--nodes"), default=[2])
     add("--gpus-per-node", type=int, default=1, help="processes per node (1)")
-    strategies = comma_list(str, "--strategy", STRATEGIES)
+    strategies = comma_list(str, "--strategy", list(STRATEGIES))
     add("--strategy", type=strategies, default=["ddp"], help="ddp, fsdp or both (ddp)")
-    compressions = comma_list(str, "--compression", ("none", "bf16", "fp16"))
+    compressions = comma_list(str, "--compression", ["none", "bf16", "fp16"])
     add("--compression", type=compressions, default=["none"], help="none, bf16, fp16 (none)")
     add("--accum", type=int, default=1, help="micro-batches a step (default 1)")
     add("--loader-ips", type=positive, help="with -j 0: batch / this, more a micro-batch")
     add("--bucket-cap-mb", type=positive, metavar="MB", help="remake DDP's buckets at this cap")
     add("--alone-step", type=positive, metavar="S", help="one process's measured step alone")
-    add("--json", metavar="PATH", help="write the rows here")
     add("--markdown", action="store_true", help="the table only")
     pd.set_defaults(func=cmd_predict)
     args = p.parse_args()
-    if args.command == "predict" and args.latency_us < 0:
-        p.error("--latency-us must not be negative")
     args.func(args)
 
 
