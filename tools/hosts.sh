@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
 # hosts.sh: make N test "hosts" on this machine, to try multi-node jobs without a cluster.
 #
-# Each host is a Linux network namespace (its own network stack, interface eth0 and address)
-# joined to the others by a bridge, plus a UTS namespace (its own hostname). The names resolve on
-# every host (`exec` mounts the host's /etc/netns/NAME/hosts over /etc/hosts, as `ip netns exec`
-# does) and on this machine (a marked block of its /etc/hosts). The hosts have no default route:
-# they reach each other and this machine's bridge address, nothing else. Needs root and iproute2.
+# Each host is a network namespace (its own eth0 and address) on a bridge shared with the others,
+# plus a UTS namespace (its own hostname). The names resolve on every host (`exec` mounts its
+# /etc/netns/NAME/hosts over /etc/hosts) and on this machine (a marked block of /etc/hosts). With no
+# default route, hosts reach each other and this machine's bridge address only. Needs root, iproute2.
 #
 #   tools/hosts.sh up N              make hosts node0 .. node(N-1) (idempotent; removes extra ones)
 #   tools/hosts.sh down              remove the hosts, their bridge and their /etc/hosts entries
@@ -38,7 +37,7 @@ if [[ $PREFIX == node ]]; then
     MARK="# tools/hosts.sh"
 fi
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; }
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0" >&2; }
 log() { echo "$PROG: $*" >&2; }
 die() { echo "$PROG: error: $*" >&2; exit 1; }
 

@@ -25,10 +25,8 @@
 # Environment: HOROVOD_VERSION (default 0.28.1); HOROVOD_SDIST, a horovod-VERSION.tar.gz to build
 # instead of downloading one; CMAKE_POLICY_VERSION_MINIMUM (default 3.5: CMake 4 refuses the
 # cmake_minimum_required(2.8.12) of Horovod's bundled gloo without it). Honoured if set, otherwise
-# chosen from what this machine has (mpicxx, nvidia-smi, /usr/local/cuda, torch's CUDA
-# architectures and its NCCL wheel): HOROVOD_WITH_MPI, HOROVOD_WITHOUT_MPI, HOROVOD_GPU_OPERATIONS,
-# CUDA_HOME, HOROVOD_CUDA_HOME, HOROVOD_BUILD_CUDA_CC_LIST, HOROVOD_NCCL_HOME,
-# HOROVOD_NCCL_INCLUDE, HOROVOD_NCCL_LIB, HOROVOD_NCCL_LINK.
+# chosen from what this machine has: HOROVOD_WITH_MPI, HOROVOD_WITHOUT_MPI, HOROVOD_GPU_OPERATIONS,
+# CUDA_HOME, HOROVOD_CUDA_HOME, HOROVOD_BUILD_CUDA_CC_LIST, HOROVOD_NCCL_{HOME,INCLUDE,LIB,LINK}.
 set -euo pipefail
 
 HOROVOD_VERSION=${HOROVOD_VERSION:-0.28.1}
@@ -64,6 +62,8 @@ command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON=$PYTHON not found"
 # build isolation setuptools and wheel must be installed already.
 BUILD_DEPS="cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging wheel:wheel setuptools:setuptools"
 
+# An air-gapped cluster has no package index: --fetch gathers, where there is one, what the build
+# would download there, and --offline builds from that alone.
 if [[ -n $FETCH ]]; then
     version=${FETCH_PYTHON_VERSION:-$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')}
     platform=${FETCH_PLATFORM:-manylinux2014_$(uname -m)}
