@@ -58,9 +58,10 @@ done
 command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON=$PYTHON not found"
 
 # What the build needs besides torch, as "module:distribution": Horovod's runtime deps are build
-# deps too (setup.py imports horovod for its version, which imports horovod.runner), and without
-# build isolation setuptools and wheel must be installed already.
-BUILD_DEPS="cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging wheel:wheel setuptools:setuptools"
+# deps too (setup.py imports horovod for its version, which imports horovod.runner), without build
+# isolation setuptools and wheel must be installed already, and setuptools downloads a missing cffi
+# (setup_requires) in the middle of the build, which fails without a package index.
+BUILD_DEPS="cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging wheel:wheel setuptools:setuptools cffi:cffi"
 
 # An air-gapped cluster has no package index: --fetch gathers, where there is one, what the build
 # would download there, and --offline builds from that alone.
