@@ -118,27 +118,24 @@ hosts_up() {
 }
 
 ensure_packages() {
-    local packages=(slurmctld slurmd slurm-client munge) policy=/usr/sbin/policy-rc.d made_policy=0 status=0
+    local packages=(slurmctld slurmd slurm-client munge)
     if [[ $(dpkg-query -W -f='${Status}\n' "${packages[@]}" 2>/dev/null | grep -c 'ok installed$') == 4 ]]; then
         return 0
     fi
     command -v apt-get >/dev/null || die "missing packages (of ${packages[*]}) and no apt-get"
     log "installing ${packages[*]}"
-    # Package postinst scripts try to start services; in a container without
-    # systemd that only produces noise, so a policy-rc.d denial keeps them quiet
-    # unless one is already in place.
-    if [[ ! -e $policy ]]; then
-        printf '#!/bin/sh\nexit 101\n' >"$policy"
-        chmod 755 "$policy"
-        made_policy=1
+    # Package postinst scripts try to start services; in a container without systemd that only
+    # produces noise, so a policy-rc.d denial keeps them quiet (unless one is already in place)
+    # until this script ends, however it ends.
+    if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+        printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        trap 'rm -f /usr/sbin/policy-rc.d' EXIT
     fi
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q >/dev/null
-    apt-get install -y -q --no-install-recommends "${packages[@]}" >/dev/null || status=$?
-    if ((made_policy)); then
-        rm -f "$policy"
-    fi
-    ((status == 0)) || die "apt-get install ${packages[*]} failed"
+    apt-get install -y -q --no-install-recommends "${packages[@]}" >/dev/null ||
+        die "apt-get install ${packages[*]} failed"
 }
 
 # Whether a configuration file is absent or one this script wrote (a user's own is left alone).
