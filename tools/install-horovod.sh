@@ -209,12 +209,8 @@ if ((${#MISSING_DEPS[@]})); then
 fi
 
 BUILD_TIME="0s (cached wheel)"
-WHEEL=""
-if ((!FORCE)); then
-    WHEEL=$(compgen -G "$CACHE_DIR/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || true)
-fi
-
-if [[ -n "$WHEEL" ]]; then
+WHEEL=$(compgen -G "$CACHE_DIR/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || true)
+if [[ -n $WHEEL && $FORCE == 0 ]]; then
     log "using cached wheel $WHEEL"
 else
     if [[ -z $CMAKE_VERSION ]]; then
