@@ -256,3 +256,32 @@ def test_install_horovod_keeps_an_nccl_the_user_names(tmp_path):
     assert config["HOROVOD_NCCL_HOME"] == str(home)
     assert config["HOROVOD_NCCL_INCLUDE"] == "unset" and config["HOROVOD_NCCL_LIB"] == "unset"
     assert "nccl:     2.19.3" in out
+
+
+def test_install_horovod_fetches_a_folder_for_a_machine_without_a_package_index(tmp_path):
+    """--fetch DIR downloads the sdist and the build dependencies for the target's Python (pip is a
+    fake that records its arguments); --offline DIR builds from such a folder only, and one without
+    the sdist stops it in one line naming the folder."""
+    calls = tmp_path / "pip-calls"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$*" >>{calls}\n')
+    fake.chmod(0o755)
+    folder = tmp_path / "carried"
+    tool = script("tools/install-horovod.sh")
+    p = run(
+        ["bash", tool, "--fetch", str(folder)],
+        env=env(PYTHON=str(fake), FETCH_PYTHON_VERSION="3.10", FETCH_PLATFORM="manylinux2014_x"),
+    )
+    sdist, wheels = calls.read_text().splitlines()
+    assert sdist == f"-m pip download --no-deps --no-binary :all: -d {folder} horovod==0.28.1"
+    # cffi too: setuptools would download it in the middle of the build (setup_requires)
+    assert wheels == (
+        "-m pip download --only-binary :all: --python-version 3.10 --implementation cp "
+        f"--platform manylinux2014_x -d {folder}/wheels "
+        "cloudpickle psutil pyyaml packaging wheel setuptools cffi"
+    ), wheels
+    assert f"--offline {folder}" in p.stdout.splitlines()[-1], p.stdout
+
+    p = run(["bash", tool, "--offline", str(folder)], check=False, env=env(PYTHON=PY))
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    assert f"no horovod-0.28.1.tar.gz in {folder}:" in p.stderr

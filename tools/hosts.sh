@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
 # hosts.sh: make N test "hosts" on this machine, to try multi-node jobs without a cluster.
 #
-# Each host is a Linux network namespace (its own network stack, interface eth0 and address)
-# joined to the others by a bridge, plus a UTS namespace (its own hostname). The names resolve
-# on every host and on this machine: each host gets its own /etc/hosts (`exec` mounts
-# /etc/netns/NAME/hosts over /etc/hosts, as `ip netns exec` does), and this machine's
-# /etc/hosts gets a marked block.
-# The hosts have no default route: they reach each other and this machine's bridge address,
-# never any other address. Needs root and iproute2.
+# Each host is a network namespace (its own eth0 and address) on a bridge shared with the others,
+# plus a UTS namespace (its own hostname). The names resolve on every host (`exec` mounts its
+# /etc/netns/NAME/hosts over /etc/hosts) and on this machine (a marked block of /etc/hosts). With no
+# default route, hosts reach each other and this machine's bridge address only. Needs root, iproute2.
 #
 #   tools/hosts.sh up N              make hosts node0 .. node(N-1) (idempotent; removes extra ones)
 #   tools/hosts.sh down              remove the hosts, their bridge and their /etc/hosts entries
@@ -17,14 +14,10 @@
 #                                    100mbit, 1gbit): every link between two hosts is then RATE
 #                                    in each direction; off: back to the unshaped link
 #
-# Environment knobs:
-#   HOSTS_PREFIX  host names (default node: node0, node1, ...). Each prefix is a separate set of
-#                 hosts with a bridge of its own (hostsbr0 for node, else br-PREFIX): up, down
-#                 and shape touch only the hosts of the prefix, so two sets can coexist
-#   HOSTS_NET     first three octets of the /24 the hosts live in (default 10.213.7; another
-#                 prefix needs another /24); host i has HOSTS_NET.(i+1), this machine's end of
-#                 the bridge HOSTS_NET.254
-#
+# HOSTS_PREFIX names the hosts (default node: node0, node1, ...). Each prefix is a set of its own,
+# with a bridge of its own (hostsbr0 for node, else br-PREFIX), which up, down and shape of another
+# set leave alone. HOSTS_NET is the /24 the set lives in (default 10.213.7; another prefix needs
+# another /24): host i has HOSTS_NET.(i+1), this machine's end of the bridge HOSTS_NET.254.
 # Cutting a host off, as a failed link would: ip link set veth-NAME down (and up again).
 # Everything a host runs: ip netns pids NAME.
 set -euo pipefail
@@ -32,89 +25,74 @@ set -euo pipefail
 PROG=${0##*/}
 PREFIX=${HOSTS_PREFIX:-node}
 NET=${HOSTS_NET:-10.213.7}
-# The default set keeps the names it always had; another prefix gets its own bridge and its own
-# mark on this machine's /etc/hosts lines, so that neither set's up or down touches the other
-if [[ $PREFIX == node ]]; then
-    BRIDGE=hostsbr0
-    MARK="# tools/hosts.sh"
-else
-    BRIDGE=br-$PREFIX
-    MARK="# tools/hosts.sh $PREFIX"
-fi
 GATEWAY=$NET.254
 STATE=/run/test-hosts        # UTS namespace files, one per host, of every prefix
 IP=$(command -v ip || echo /usr/sbin/ip)
+# The default set keeps the names it always had; another prefix gets its own bridge and its own
+# mark on this machine's /etc/hosts lines, so that neither set's up or down touches the other
+BRIDGE=br-$PREFIX
+MARK="# tools/hosts.sh $PREFIX"
+if [[ $PREFIX == node ]]; then
+    BRIDGE=hostsbr0
+    MARK="# tools/hosts.sh"
+fi
 
-usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//' >&2; }
-
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0" >&2; }
 log() { echo "$PROG: $*" >&2; }
 die() { echo "$PROG: error: $*" >&2; exit 1; }
 
 need_root() {
     [[ $EUID -eq 0 ]] || die "must run as root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)"
     [[ -x $IP ]] || die "iproute2's ip is missing (apt-get install iproute2)"
-    command -v nsenter >/dev/null && command -v unshare >/dev/null || die "nsenter/unshare missing (util-linux)"
 }
-
-host_name() { echo "$PREFIX$1"; }
-host_addr() { echo "$NET.$(($1 + 1))"; }
-veth() { echo "veth-$1"; }
 
 # Our hosts, from the UTS files (the one record that survives a half-finished 'up'): those of
 # this prefix only (PREFIX and a number; node0 is not a host of the prefix nod)
 existing_hosts() {
-    local f name
-    [[ -d $STATE ]] || return 0
-    for f in "$STATE"/*.uts; do
-        [[ -e $f ]] || continue
-        name=$(basename "$f" .uts)
-        [[ ${name#"$PREFIX"} =~ ^[0-9]+$ && $name == "$PREFIX"* ]] && echo "$name"
+    local f
+    for f in "$STATE/$PREFIX"*.uts; do
+        f=$(basename "$f" .uts)
+        [[ ${f#"$PREFIX"} =~ ^[0-9]+$ ]] && echo "$f"
     done
     return 0
 }
 
 hosts_block() {
-    local n=$1 i
-    for ((i = 0; i < n; i++)); do
-        echo "$(host_addr "$i") $(host_name "$i") $MARK"
+    local i
+    for ((i = 0; i < $1; i++)); do
+        echo "$NET.$((i + 1)) $PREFIX$i $MARK"
     done
 }
 
-# Rewrite /etc/hosts in place (in containers it is often a bind mount that cannot be replaced).
-# Only the lines that end in this prefix's mark are ours.
+# Rewrite /etc/hosts in place (in containers it is often a bind mount that cannot be replaced),
+# from what was read before: only the lines that end in this prefix's mark are ours.
 set_etc_hosts() {
-    local block=$1 kept
+    local kept
     kept=$(awk -v m=" $MARK" 'length($0) < length(m) || substr($0, length($0) - length(m) + 1) != m' /etc/hosts)
-    printf '%s\n%s\n' "$kept" "$block" | sed '/^$/d' >/etc/hosts.test-hosts.tmp
-    cat /etc/hosts.test-hosts.tmp >/etc/hosts
-    rm -f /etc/hosts.test-hosts.tmp
+    printf '%s\n%s\n' "$kept" "$1" | sed '/^$/d' >/etc/hosts
 }
 
 make_host() {
-    local i=$1 n=$2 name addr v
-    name=$(host_name "$i")
-    addr=$(host_addr "$i")
-    v=$(veth "$name")
-    ((${#v} <= 15)) || die "interface name $v is too long: use a shorter HOSTS_PREFIX"
+    local name=$PREFIX$1 n=$2
+    ((${#name} <= 10)) || die "interface name veth-$name is too long: use a shorter HOSTS_PREFIX"
     "$IP" netns list | grep -qw "^$name" || "$IP" netns add "$name"
-    if ! "$IP" link show "$v" >/dev/null 2>&1; then
+    if ! "$IP" link show "veth-$name" >/dev/null 2>&1; then
         "$IP" netns exec "$name" "$IP" link del eth0 2>/dev/null || true
-        "$IP" link add "$v" type veth peer name eth0 netns "$name"
+        "$IP" link add "veth-$name" type veth peer name eth0 netns "$name"
     fi
-    "$IP" link set "$v" master "$BRIDGE" up
+    "$IP" link set "veth-$name" master "$BRIDGE" up
     "$IP" -n "$name" link set lo up
-    "$IP" -n "$name" addr replace "$addr/24" dev eth0
+    "$IP" -n "$name" addr replace "$NET.$(($1 + 1))/24" dev eth0
     "$IP" -n "$name" link set eth0 up
     # the names of all hosts, on every host; the host's own name resolves to its own address
     # (not to 127.0.1.1, which would make gloo pick the loopback interface)
-    install -d -m 0755 "/etc/netns/$name"
+    install -d -m 0755 "/etc/netns/$name" "$STATE"
     {
         echo "127.0.0.1 localhost"
         echo "$GATEWAY $(hostname -s) $MARK: this machine"
         hosts_block "$n"
     } >"/etc/netns/$name/hosts"
     echo "$name" >"/etc/netns/$name/hostname"
-    install -d -m 0755 "$STATE"
     if ! nsenter --uts="$STATE/$name.uts" true 2>/dev/null; then
         touch "$STATE/$name.uts"
         unshare --uts="$STATE/$name.uts" hostname "$name"
@@ -129,35 +107,27 @@ remove_host() {
         # shellcheck disable=SC2086
         kill -KILL $pids 2>/dev/null || true
     fi
-    "$IP" link del "$(veth "$name")" 2>/dev/null || true
+    "$IP" link del "veth-$name" 2>/dev/null || true
     "$IP" netns del "$name" 2>/dev/null || true
-    if [[ -e $STATE/$name.uts ]]; then
-        umount "$STATE/$name.uts" 2>/dev/null || true
-        rm -f "$STATE/$name.uts"
-    fi
-    rm -rf "/etc/netns/$name"
+    umount "$STATE/$name.uts" 2>/dev/null || true
+    rm -rf "$STATE/$name.uts" "/etc/netns/$name"
 }
 
 cmd_up() {
-    local n=${1:-}
+    local n=${1:-} other i name
     [[ $n =~ ^[1-9][0-9]?$ ]] && ((n <= 200)) || die "up wants a host count from 1 to 200, got '${n}'"
     need_root
     # another route to our /24 (a real network) would make the hosts' traffic leave the machine
-    local other
     other=$("$IP" -4 route show "$NET.0/24" | grep -v "dev $BRIDGE" || true)
     [[ -z $other ]] || die "$NET.0/24 is already routed here ($other): set HOSTS_NET to a free /24"
-    if ! "$IP" link show "$BRIDGE" >/dev/null 2>&1; then
-        "$IP" link add "$BRIDGE" type bridge
-    fi
+    "$IP" link show "$BRIDGE" >/dev/null 2>&1 || "$IP" link add "$BRIDGE" type bridge
     "$IP" addr replace "$GATEWAY/24" dev "$BRIDGE"
     "$IP" link set "$BRIDGE" up
-    local i name
     for ((i = 0; i < n; i++)); do
         make_host "$i" "$n"
     done
     for name in $(existing_hosts); do  # hosts beyond N from an earlier 'up'
-        local idx=${name#"$PREFIX"}
-        [[ $idx =~ ^[0-9]+$ ]] && ((idx < n)) || remove_host "$name"
+        ((10#${name#"$PREFIX"} < n)) || remove_host "$name"
     done
     set_etc_hosts "$(hosts_block "$n")"
     log "up: $(hosts_block "$n" | awk '{printf "%s%s %s", sep, $2, $1; sep=", "}'), bridge $BRIDGE $GATEWAY"
@@ -184,11 +154,11 @@ cmd_status() {
     for name in $names; do
         addr=$("$IP" -n "$name" -4 -br addr show eth0 2>/dev/null | awk '{print $3}')
         uts=$(nsenter --uts="$STATE/$name.uts" hostname 2>/dev/null || echo '?')
-        if [[ -n $addr && $uts == "$name" ]] && "$IP" link show "$(veth "$name")" 2>/dev/null | grep -q 'state UP'; then
-            rate=$(shaped_rate "$name")
+        if [[ -n $addr && $uts == "$name" ]] && "$IP" link show "veth-$name" 2>/dev/null | grep -q 'state UP'; then
+            rate=$("$IP" netns exec "$name" tc qdisc show dev eth0 2>/dev/null | sed -n 's/.* tbf .*rate \([^ ]*\) .*/\1/p')
             echo "$name: ${addr%/*}, hostname $uts, link up${rate:+, sends at most $rate}"
         else
-            echo "$name: incomplete or cut off (address '${addr}', hostname '$uts'; $(veth "$name") down or missing)"
+            echo "$name: incomplete or cut off (address '${addr}', hostname '$uts'; veth-$name down or missing)"
             ok=1
         fi
     done
@@ -203,7 +173,6 @@ cmd_status() {
 cmd_shape() {
     local rate=${1:-} name names bytes burst
     need_root
-    command -v tc >/dev/null || die "tc is missing (apt-get install iproute2)"
     [[ $rate == off || $rate =~ ^[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)$ ]] ||
         die "shape wants a rate such as 100mbit or 1gbit (kbit, mbit, gbit), or off; got '$rate'"
     names=$(existing_hosts)
@@ -224,11 +193,6 @@ cmd_shape() {
             die "tc could not shape $name's eth0 to $rate (is the sch_tbf kernel module available?)"
     done
     log "shape: $(echo $names | tr ' ' ','): each sends at most $rate (tbf, burst $burst bytes, latency 50ms)"
-}
-
-# The rate a host's eth0 is shaped to, or nothing
-shaped_rate() {
-    "$IP" netns exec "$1" tc qdisc show dev eth0 2>/dev/null | sed -n 's/.* tbf .*rate \([^ ]*\) .*/\1/p' | head -n1
 }
 
 cmd_exec() {

@@ -1,71 +1,87 @@
 #!/usr/bin/env bash
-# Build and install Horovod (PyTorch + Gloo frontends) into the Python
-# environment named by $PYTHON.
+# Build Horovod with the PyTorch and Gloo frontends (and MPI where mpicxx is found) and install it
+# into the environment of $PYTHON (default python3).
 #
-# Why this is not a plain `pip install horovod`: the last Horovod release
-# (0.28.1) ships only as an sdist and pins C++14 in its CMake files, while
-# recent torch headers require C++20, so the stock build fails to compile.
-# We patch the sdist, build a wheel once, and cache that wheel outside the
-# repository so later installs (new venvs, CI) take seconds, not minutes.
+#   [PYTHON=python] install-horovod.sh [--force] [--nccl] [--dry-run] [--offline DIR]
+#   [PYTHON=python] install-horovod.sh --fetch DIR
+#
+# Not `pip install horovod`: its last release (0.28.1) is an sdist whose CMake files pin C++14,
+# while torch's headers need C++20. We patch it, build a wheel once and cache it outside the
+# repository (HOROVOD_WHEEL_CACHE, default ~/.cache/pytorch-distributed/wheels), so later installs
+# take seconds. On a GPU machine (nvidia-smi -L lists one) the build adds NCCL, that of torch's own
+# pip wheel (nvidia-nccl-*), the one torch loads at run time.
+#
+#   --force        rebuild and reinstall even if horovod.torch imports and a cached wheel exists
+#   --nccl         build with NCCL where nvidia-smi finds no GPU (a login node, a build
+#                  container); needs the CUDA toolkit (nvcc)
+#   --dry-run      print the build configuration and exit, building nothing
+#   --fetch DIR    where a package index is reachable: download what a machine without one needs
+#                  into DIR, the sdist and (in DIR/wheels) the build dependencies for Python
+#                  FETCH_PYTHON_VERSION (default $PYTHON's) on FETCH_PLATFORM (default
+#                  manylinux2014_$(uname -m)); carry DIR to that machine
+#   --offline DIR  build from DIR (made by --fetch) where no package index is reachable (an
+#                  air-gapped cluster): pip runs with --no-index and finds wheels in DIR/wheels
+#
+# Environment: HOROVOD_VERSION (default 0.28.1); HOROVOD_SDIST, a horovod-VERSION.tar.gz to build
+# instead of downloading one; CMAKE_POLICY_VERSION_MINIMUM (default 3.5: CMake 4 refuses the
+# cmake_minimum_required(2.8.12) of Horovod's bundled gloo without it). Honoured if set, otherwise
+# chosen from what this machine has: HOROVOD_WITH_MPI, HOROVOD_WITHOUT_MPI, HOROVOD_GPU_OPERATIONS,
+# CUDA_HOME, HOROVOD_CUDA_HOME, HOROVOD_BUILD_CUDA_CC_LIST, HOROVOD_NCCL_{HOME,INCLUDE,LIB,LINK}.
 set -euo pipefail
 
-HOROVOD_VERSION="${HOROVOD_VERSION:-0.28.1}"
-PYTHON="${PYTHON:-python3}"
-WHEEL_CACHE="${HOROVOD_WHEEL_CACHE:-$HOME/.cache/pytorch-distributed/wheels}"
+HOROVOD_VERSION=${HOROVOD_VERSION:-0.28.1}
+PYTHON=${PYTHON:-python3}
+WHEEL_CACHE=${HOROVOD_WHEEL_CACHE:-$HOME/.cache/pytorch-distributed/wheels}
 
-usage() {
-    cat <<EOF
-Usage: [PYTHON=path/to/python] $(basename "$0") [-h|--help] [--force] [--nccl] [--dry-run]
-
-Builds Horovod ${HOROVOD_VERSION} with the PyTorch and Gloo frontends and
-installs it into \$PYTHON's environment (default: python3). On a GPU machine
-(nvidia-smi -L lists a GPU) it adds NCCL for GPU tensors, built against the
-NCCL of torch's own pip wheel (nvidia-nccl-*), the one torch loads at run time.
-
-  --force    rebuild and reinstall even if horovod.torch already imports
-             and a cached wheel exists
-  --nccl     build with NCCL even where nvidia-smi finds no GPU (a login
-             node, a build container); needs the CUDA toolkit (nvcc)
-  --dry-run  print the build configuration and exit, building nothing
-
-Environment:
-  PYTHON                 interpreter whose environment receives Horovod
-  HOROVOD_WHEEL_CACHE    wheel cache dir (default: ~/.cache/pytorch-distributed/wheels)
-  HOROVOD_VERSION        Horovod release to build (default: 0.28.1)
-  HOROVOD_SDIST          path to horovod-VERSION.tar.gz to build instead of downloading it
-  CMAKE_POLICY_VERSION_MINIMUM
-                         default 3.5: CMake 4 refuses the cmake_minimum_required(2.8.12)
-                         of Horovod's bundled gloo without it
-  HOROVOD_WITH_MPI / HOROVOD_WITHOUT_MPI / HOROVOD_GPU_OPERATIONS /
-  CUDA_HOME / HOROVOD_CUDA_HOME / HOROVOD_BUILD_CUDA_CC_LIST /
-  HOROVOD_NCCL_HOME / HOROVOD_NCCL_INCLUDE / HOROVOD_NCCL_LIB / HOROVOD_NCCL_LINK
-                         honoured if set; otherwise chosen from what this
-                         machine has (mpicxx, nvidia-smi, /usr/local/cuda,
-                         torch's CUDA architectures and its NCCL wheel)
-EOF
+log() { echo "[install-horovod] $*"; }
+die() { echo "[install-horovod] ERROR: $*" >&2; exit 1; }
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; }
+folder_arg() {
+    (($# > 1)) || die "$1 needs a folder"
+    echo "$2"
 }
 
-FORCE=0 NCCL=0 DRY_RUN=0
+FORCE=0 NCCL=0 DRY_RUN=0 FETCH="" OFFLINE=""
 while (($#)); do
     case "$1" in
-        -h|--help) usage; exit 0 ;;
+        -h | --help) usage; exit 0 ;;
         --force) FORCE=1 ;;
         --nccl) NCCL=1 ;;
         --dry-run) DRY_RUN=1 ;;
+        --fetch) FETCH=$(folder_arg "$@"); shift ;;
+        --offline) OFFLINE=$(folder_arg "$@"); shift ;;
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
     shift
 done
 
-log() { echo "[install-horovod] $*"; }
-die() { echo "[install-horovod] ERROR: $*" >&2; exit 1; }
-
 command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON=$PYTHON not found"
 
 # What the build needs besides torch, as "module:distribution": Horovod's runtime deps are build
-# deps too (setup.py imports horovod for its version, which imports horovod.runner), and without
-# build isolation setuptools and wheel must be installed already.
-BUILD_DEPS="cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging wheel:wheel setuptools:setuptools"
+# deps too (setup.py imports horovod for its version, which imports horovod.runner), without build
+# isolation setuptools and wheel must be installed already, and setuptools downloads a missing cffi
+# (setup_requires) in the middle of the build, which fails without a package index.
+BUILD_DEPS="cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging wheel:wheel setuptools:setuptools cffi:cffi"
+
+# An air-gapped cluster has no package index: --fetch gathers, where there is one, what the build
+# would download there, and --offline builds from that alone.
+if [[ -n $FETCH ]]; then
+    version=${FETCH_PYTHON_VERSION:-$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')}
+    platform=${FETCH_PLATFORM:-manylinux2014_$(uname -m)}
+    log "fetch:    horovod $HOROVOD_VERSION and its build dependencies for Python $version on $platform"
+    "$PYTHON" -m pip download --no-deps --no-binary :all: -d "$FETCH" "horovod==$HOROVOD_VERSION"
+    # shellcheck disable=SC2046  # one word per distribution
+    "$PYTHON" -m pip download --only-binary :all: --python-version "$version" --implementation cp \
+        --platform "$platform" -d "$FETCH/wheels" $(sed 's/[^ ]*://g' <<<"$BUILD_DEPS")
+    log "done: carry $FETCH to the machine without a package index and run there: bash $0 --offline $FETCH"
+    exit 0
+fi
+if [[ -n $OFFLINE ]]; then
+    HOROVOD_SDIST=$OFFLINE/horovod-$HOROVOD_VERSION.tar.gz
+    [[ -f $HOROVOD_SDIST ]] ||
+        die "no horovod-$HOROVOD_VERSION.tar.gz in $OFFLINE: make that folder with --fetch $OFFLINE where a package index is reachable"
+    export PIP_NO_INDEX=1 PIP_FIND_LINKS=$OFFLINE/wheels
+fi
 
 # one import of torch for what the build needs to know of it (an import takes seconds)
 TORCH_INFO=$("$PYTHON" -c 'import sys, torch; print(torch.__version__, torch.version.cuda or "-", f"cp{sys.version_info[0]}{sys.version_info[1]}")' 2>/dev/null) \
@@ -73,16 +89,12 @@ TORCH_INFO=$("$PYTHON" -c 'import sys, torch; print(torch.__version__, torch.ver
 read -r TORCH_VERSION TORCH_CUDA PY_TAG <<<"$TORCH_INFO"
 [[ $TORCH_CUDA == - ]] && TORCH_CUDA=""
 
-# --- Build configuration ----------------------------------------------------
-# Explicit user choices win; only fill in what was not set.
-export HOROVOD_WITH_PYTORCH=1
-export HOROVOD_WITH_GLOO=1
-export HOROVOD_WITHOUT_TENSORFLOW=1
-export HOROVOD_WITHOUT_MXNET=1
+# --- Build configuration: explicit user choices win; only what was not set is filled in --------
+export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
 
-if [[ -z "${HOROVOD_WITH_MPI:-}" && -z "${HOROVOD_WITHOUT_MPI:-}" ]]; then
-    # Horovod's MPI controller needs an MPI compiler wrapper at build time;
-    # without one, asking for MPI just fails the build.
+# Horovod's MPI controller needs an MPI compiler wrapper at build time; without one, asking for MPI
+# just fails the build.
+if [[ -z ${HOROVOD_WITH_MPI:-}${HOROVOD_WITHOUT_MPI:-} ]]; then
     if command -v mpicxx >/dev/null 2>&1; then
         export HOROVOD_WITH_MPI=1
     else
@@ -90,17 +102,17 @@ if [[ -z "${HOROVOD_WITH_MPI:-}" && -z "${HOROVOD_WITHOUT_MPI:-}" ]]; then
     fi
 fi
 
-if [[ -z "${HOROVOD_GPU_OPERATIONS:-}" ]]; then
-    # NCCL ops can only run on a GPU; on a CPU-only box with a CUDA torch
-    # they would just add build time and an NCCL build dependency.
+# NCCL ops can only run on a GPU; on a CPU-only box with a CUDA torch they would just add build
+# time and an NCCL build dependency.
+if [[ -z ${HOROVOD_GPU_OPERATIONS:-} ]]; then
     if ((NCCL)) || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU' >/dev/null; }; then
         export HOROVOD_GPU_OPERATIONS=NCCL
     fi
 fi
 
-# A horovod built against another torch fails this import (undefined
-# symbols), so a successful import is a sufficient "already done" check,
-# unless this build needs NCCL and the installed one has none.
+# A horovod built against another torch fails this import (undefined symbols), so a successful
+# import is a sufficient "already done" check, unless this build needs NCCL and the installed one
+# has none.
 if [[ $FORCE == 0 && $DRY_RUN == 0 ]] && WANT_NCCL=${HOROVOD_GPU_OPERATIONS:-} "$PYTHON" -c "
 import os, sys, horovod.torch as hvd
 sys.exit(os.environ['WANT_NCCL'] == 'NCCL' and not hvd.nccl_built())" >/dev/null 2>&1; then
@@ -108,35 +120,30 @@ sys.exit(os.environ['WANT_NCCL'] == 'NCCL' and not hvd.nccl_built())" >/dev/null
     exit 0
 fi
 
-if [[ -n "$TORCH_CUDA" ]]; then
-    # With a CUDA build of torch (even on a CPU-only box), Horovod's CMake
-    # requires the CUDA toolkit. Left alone it takes nvcc from PATH and
-    # derives the toolkit root from nvcc's directory; when nvcc is a wrapper
-    # script (e.g. /usr/local/bin/nvcc exec'ing the real one) that root has
-    # no headers/libcudart and configuration fails. HOROVOD_CUDA_HOME makes
-    # Horovod use <root>/bin/nvcc; CUDA_HOME is what torch's own extension
-    # helpers consult while Horovod queries torch.
-    if [[ -z "${CUDA_HOME:-}" && -d /usr/local/cuda ]]; then
-        export CUDA_HOME=/usr/local/cuda
-    fi
-    if [[ -z "${HOROVOD_CUDA_HOME:-}" && -n "${CUDA_HOME:-}" ]]; then
-        export HOROVOD_CUDA_HOME="$CUDA_HOME"
-    fi
+# With a CUDA torch (even on a CPU-only box) Horovod's CMake needs the CUDA toolkit, whose root it
+# derives from the nvcc on PATH: wrong where nvcc is a wrapper script, and configuration then finds
+# no headers or libcudart. HOROVOD_CUDA_HOME names the root for Horovod (it then uses
+# <root>/bin/nvcc), CUDA_HOME for torch's own extension helpers, which Horovod queries.
+if [[ -n $TORCH_CUDA && -z ${CUDA_HOME:-} && -d /usr/local/cuda ]]; then
+    export CUDA_HOME=/usr/local/cuda
+fi
+if [[ -n $TORCH_CUDA && -z ${HOROVOD_CUDA_HOME:-} && -n ${CUDA_HOME:-} ]]; then
+    export HOROVOD_CUDA_HOME=$CUDA_HOME
 fi
 
 NCCL_VERSION=""
 if [[ ${HOROVOD_GPU_OPERATIONS:-} == NCCL ]]; then
     [[ -n "$TORCH_CUDA" ]] || die "HOROVOD_GPU_OPERATIONS=NCCL needs a CUDA build of torch (this one is CPU-only)"
-    # Horovod's CUDA kernels, for the GPU architectures this torch was built for
-    # (its default list starts at sm_35, which CUDA 12 and later no longer compile).
+    # Horovod's CUDA kernels, for the GPU architectures this torch was built for (its default list
+    # starts at sm_35, which CUDA 12 and later no longer compile).
     if [[ -z "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ]]; then
         HOROVOD_BUILD_CUDA_CC_LIST=$("$PYTHON" -c 'import torch; print(",".join(a[3:] for a in torch.cuda.get_arch_list() if a.startswith("sm_")))')
         export HOROVOD_BUILD_CUDA_CC_LIST
     fi
-    # NCCL: unless told where one is, the one in torch's pip wheel (nvidia-nccl-cu12/-cu13):
-    # torch loads exactly that libnccl.so.2 before Horovod's extension, so both use one NCCL.
-    # The wheel has the header and libnccl.so.2 but no libnccl.so or libnccl_static.a, the
-    # names Horovod's FindNCCL looks for: a folder in the cache gives it that name.
+    # NCCL: unless told where one is, the one in torch's pip wheel (nvidia-nccl-cu12/-cu13): torch
+    # loads exactly that libnccl.so.2 before Horovod's extension, so both use one NCCL. The wheel
+    # has no libnccl.so or libnccl_static.a, the names Horovod's FindNCCL looks for: a folder in
+    # the cache gives it that name.
     if [[ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}${HOROVOD_NCCL_LIB:-}" ]]; then
         NCCL_WHEEL=$("$PYTHON" -c 'import os, nvidia.nccl as n; print(os.path.realpath(list(n.__path__)[0]))' 2>/dev/null) \
             || die "HOROVOD_GPU_OPERATIONS=NCCL, but torch's NCCL wheel (python -c 'import nvidia.nccl') is not installed and HOROVOD_NCCL_HOME is not set"
@@ -154,9 +161,7 @@ if [[ ${HOROVOD_GPU_OPERATIONS:-} == NCCL ]]; then
     [[ -f $NCCL_HEADER ]] && NCCL_VERSION=$(awk '$1 == "#define" && $2 ~ /^NCCL_(MAJOR|MINOR|PATCH)$/ {v = v (v ? "." : "") $3} END {print v}' "$NCCL_HEADER")
 fi
 
-# CMake 4 refuses projects that ask for compatibility with CMake < 3.5, as the gloo bundled with
-# Horovod does (cmake_minimum_required(VERSION 2.8.12)); this lets them configure. Older CMakes
-# ignore the variable.
+# Lets CMake 4 configure the gloo bundled with Horovod (see the header); older CMakes ignore it.
 export CMAKE_POLICY_VERSION_MINIMUM="${CMAKE_POLICY_VERSION_MINIMUM:-3.5}"
 
 # found without importing them (one quick interpreter start)
@@ -165,14 +170,12 @@ import importlib.util, sys
 print(" ".join(d.split(":")[1] for d in sys.argv[1:] if importlib.util.find_spec(d.split(":")[0]) is None))' $BUILD_DEPS)"
 CMAKE_VERSION=$(cmake --version 2>/dev/null | awk 'NR == 1 {print $3}') || CMAKE_VERSION=""
 
-# Horovod's setup.py defaults to make -j8, which oversubscribes small boxes
-# and underuses big ones.
+# Horovod's setup.py defaults to make -j8, which oversubscribes small boxes and underuses big ones.
 export MAKEFLAGS="${MAKEFLAGS:--j$(nproc 2>/dev/null || echo 2)}"
 
-# --- Cache key ----------------------------------------------------------------
-# The extension links against libtorch's C++ ABI and the CPython ABI, so a
-# wheel is only reusable for the exact torch build and Python tag; the
-# optional backends change what is compiled in, so they are part of the key.
+# The cache key: the extension links against libtorch's C++ ABI and the CPython ABI, so a wheel is
+# only reusable for the exact torch build and Python tag; the optional backends change what is
+# compiled in, so they are part of the key.
 VARIANT="gloo"
 [[ "${HOROVOD_WITH_MPI:-0}" == 1 ]] && VARIANT+="-mpi"
 [[ -n "${HOROVOD_GPU_OPERATIONS:-}" ]] && VARIANT+="-$(tr '[:upper:]' '[:lower:]' <<<"$HOROVOD_GPU_OPERATIONS")${NCCL_VERSION}"
@@ -180,21 +183,17 @@ CACHE_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION/torch-$TORCH_VERSION-$PY_TAG-$V
 
 log "python:   $PYTHON ($PY_TAG), torch $TORCH_VERSION"
 log "config:   MPI=$([[ ${HOROVOD_WITH_MPI:-0} == 1 ]] && echo yes || echo no)" \
-    "GPU_OPERATIONS=${HOROVOD_GPU_OPERATIONS:-none}" \
-    "HOROVOD_CUDA_HOME=${HOROVOD_CUDA_HOME:-unset}"
+    "GPU_OPERATIONS=${HOROVOD_GPU_OPERATIONS:-none} HOROVOD_CUDA_HOME=${HOROVOD_CUDA_HOME:-unset}"
 if [[ ${HOROVOD_GPU_OPERATIONS:-} == NCCL ]]; then
-    log "nccl:     ${NCCL_VERSION:-version unknown}" \
-        "HOROVOD_NCCL_HOME=${HOROVOD_NCCL_HOME:-unset}" \
-        "HOROVOD_NCCL_INCLUDE=${HOROVOD_NCCL_INCLUDE:-unset}" \
-        "HOROVOD_NCCL_LIB=${HOROVOD_NCCL_LIB:-unset}" \
-        "HOROVOD_NCCL_LINK=${HOROVOD_NCCL_LINK:-unset}" \
-        "HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-unset}"
+    log "nccl:     ${NCCL_VERSION:-version unknown} HOROVOD_NCCL_HOME=${HOROVOD_NCCL_HOME:-unset}" \
+        "HOROVOD_NCCL_INCLUDE=${HOROVOD_NCCL_INCLUDE:-unset} HOROVOD_NCCL_LIB=${HOROVOD_NCCL_LIB:-unset}" \
+        "HOROVOD_NCCL_LINK=${HOROVOD_NCCL_LINK:-unset} HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-unset}"
 fi
 log "cache:    $CACHE_DIR"
 log "cmake:    ${CMAKE_VERSION:-not found} CMAKE_POLICY_VERSION_MINIMUM=$CMAKE_POLICY_VERSION_MINIMUM"
-log "sdist:    ${HOROVOD_SDIST:-downloaded from the package index}"
+log "sdist:    ${HOROVOD_SDIST:-downloaded from the package index}${OFFLINE:+ (offline: pip --no-index)}"
 if ((${#MISSING_DEPS[@]})); then
-    log "deps:     missing ${MISSING_DEPS[*]}: pip installs them"
+    log "deps:     missing ${MISSING_DEPS[*]}: pip installs them${OFFLINE:+ from $OFFLINE/wheels}"
 else
     log "deps:     all importable"
 fi
@@ -209,55 +208,44 @@ if ((${#MISSING_DEPS[@]})); then
     "$PYTHON" -m pip install --quiet "${MISSING_DEPS[@]}"
 fi
 
-find_cached_wheel() {
-    compgen -G "$CACHE_DIR/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || true
-}
-
-BUILD_SECONDS=""
-WHEEL=""
-[[ $FORCE == 0 ]] && WHEEL="$(find_cached_wheel)"
-
-if [[ -n "$WHEEL" ]]; then
+BUILD_TIME="0s (cached wheel)"
+WHEEL=$(compgen -G "$CACHE_DIR/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || true)
+if [[ -n $WHEEL && $FORCE == 0 ]]; then
     log "using cached wheel $WHEEL"
 else
-    command -v cmake >/dev/null 2>&1 \
-        || log "warning: cmake not on PATH; Horovod's setup.py will try to pip-install an old one"
+    if [[ -z $CMAKE_VERSION ]]; then
+        [[ -z $OFFLINE ]] || die "no cmake on PATH, and offline Horovod's setup.py cannot pip-install one"
+        log "warning: cmake not on PATH; Horovod's setup.py will try to pip-install an old one"
+    fi
     command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1 \
         || die "no C++ compiler found (install g++)"
 
     WORK="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"
     trap 'rm -rf "$WORK"' EXIT
-
-    if [[ -n ${HOROVOD_SDIST:-} ]]; then
-        [[ -f $HOROVOD_SDIST ]] || die "HOROVOD_SDIST=$HOROVOD_SDIST is not a file"
-        mkdir -p "$WORK/dl" && cp "$HOROVOD_SDIST" "$WORK/dl/horovod-$HOROVOD_VERSION.tar.gz"
-    else
+    SDIST=${HOROVOD_SDIST:-$WORK/horovod-$HOROVOD_VERSION.tar.gz}
+    if [[ -z ${HOROVOD_SDIST:-} ]]; then
         log "downloading horovod==$HOROVOD_VERSION sdist"
-        "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: \
-            "horovod==$HOROVOD_VERSION" -d "$WORK/dl"
+        "$PYTHON" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$WORK"
     fi
-    SDIST="$(compgen -G "$WORK/dl/horovod-$HOROVOD_VERSION.tar.gz" || true)"
-    [[ -n "$SDIST" ]] || die "sdist not found after download: $(ls "$WORK/dl")"
+    [[ -f $SDIST ]] || die "no Horovod sdist at $SDIST"
     tar -xzf "$SDIST" -C "$WORK"
     SRC="$WORK/horovod-$HOROVOD_VERSION"
 
-    # torch >= 2.x headers use C++20 features; Horovod still pins C++14 for
-    # its core and torch extension. Fail if the line moved, so a version bump
-    # gets a human look instead of a silently unpatched build.
+    # torch >= 2.x headers use C++20 features; Horovod still pins C++14 for its core and torch
+    # extension. Fail if the line moved, so a version bump gets a human look, not a broken build.
     for f in CMakeLists.txt horovod/torch/CMakeLists.txt; do
         grep -Eq 'set\(CMAKE_CXX_STANDARD 14\)' "$SRC/$f" \
             || die "expected 'set(CMAKE_CXX_STANDARD 14)' in $f of horovod $HOROVOD_VERSION; patch needs updating"
         sed -Ei 's/set\(CMAKE_CXX_STANDARD 14\)/set(CMAKE_CXX_STANDARD 20)/' "$SRC/$f"
-        grep -Eq 'set\(CMAKE_CXX_STANDARD 20\)' "$SRC/$f" || die "patching $f failed"
     done
     log "patched CMAKE_CXX_STANDARD 14 -> 20"
 
     log "building wheel (several minutes; MAKEFLAGS=$MAKEFLAGS)"
     start=$SECONDS
-    # --no-build-isolation: the build must compile against the torch that
-    # is installed here, not a fresh one pip would fetch into an isolated env.
+    # --no-build-isolation: the build compiles against the torch installed here, not a fresh one
+    # pip would fetch into an isolated environment.
     "$PYTHON" -m pip wheel --no-cache-dir --no-deps --no-build-isolation -w "$WORK/wheel" "$SRC"
-    BUILD_SECONDS=$((SECONDS - start))
+    BUILD_TIME="$((SECONDS - start))s"
 
     built="$(compgen -G "$WORK/wheel/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || true)"
     [[ -n "$built" ]] || die "pip wheel produced no horovod wheel"
@@ -269,37 +257,26 @@ else
     log "cached $WHEEL"
 fi
 
-# --force-reinstall: a same-version horovod built against an older torch
-# would otherwise count as "already satisfied". --no-deps: its deps were
-# installed above, and letting pip resolve 'torch' could swap the torch build.
+# --force-reinstall: a same-version horovod built against an older torch would otherwise count as
+# "already satisfied". --no-deps: its deps were installed above, and letting pip resolve 'torch'
+# could swap the torch build.
 "$PYTHON" -m pip install --force-reinstall --no-deps "$WHEEL"
 
-# --- Verify -----------------------------------------------------------------
-WANT_NCCL=${HOROVOD_GPU_OPERATIONS:-} "$PYTHON" - <<'EOF'
-import os
-import horovod
-import horovod.torch as hvd
+WANT_NCCL=${HOROVOD_GPU_OPERATIONS:-} "$PYTHON" -c '
+import os, horovod, horovod.torch as hvd
 hvd.init()
 assert hvd.gloo_built(), "horovod was built without Gloo"
 assert os.environ["WANT_NCCL"] != "NCCL" or hvd.nccl_built(), "horovod was built without NCCL"
-print(f"[install-horovod] horovod {horovod.__version__} OK:"
-      f" size={hvd.size()} rank={hvd.rank()} gloo={hvd.gloo_built()}"
-      f" mpi={hvd.mpi_built()} nccl={hvd.nccl_built()}")
-hvd.shutdown()
-EOF
+print(f"[install-horovod] horovod {horovod.__version__} OK: size={hvd.size()} rank={hvd.rank()}",
+      f"gloo={hvd.gloo_built()} mpi={hvd.mpi_built()} nccl={hvd.nccl_built()}")
+hvd.shutdown()'
 
 SCRIPTS_DIR="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
 [[ -x "$SCRIPTS_DIR/horovodrun" ]] || die "horovodrun not found in $SCRIPTS_DIR"
 log "horovodrun: $SCRIPTS_DIR/horovodrun"
-case ":$PATH:" in
-    *":$SCRIPTS_DIR:"*) ;;
-    # horovodrun runs the worker command verbatim, so a bare 'python' in it
-    # resolves through PATH and may pick an interpreter without horovod.
-    *) log "note: $SCRIPTS_DIR is not on PATH; call $SCRIPTS_DIR/horovodrun and give it $PYTHON (not bare 'python'), or prepend that dir to PATH." ;;
-esac
-
-if [[ -n "$BUILD_SECONDS" ]]; then
-    log "build time: ${BUILD_SECONDS}s"
-else
-    log "build time: 0s (cached wheel)"
+# horovodrun runs the worker command verbatim, so a bare 'python' in it resolves through PATH and
+# may pick an interpreter without horovod.
+if [[ ":$PATH:" != *":$SCRIPTS_DIR:"* ]]; then
+    log "note: $SCRIPTS_DIR is not on PATH; call $SCRIPTS_DIR/horovodrun and give it $PYTHON (not bare 'python'), or prepend that dir to PATH."
 fi
+log "build time: $BUILD_TIME"
