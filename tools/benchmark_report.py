@@ -525,29 +525,18 @@ def write_csv(rows, path):
 
 
 def mfu_notes(ok_rows, model):
-    """How model TFLOP/s and MFU % were computed, and from which peak."""
+    """How model TFLOP/s and MFU % were counted and against which peaks, in the report and on the
+    console (docs/benchmark.md says more)."""
     if not model["flops"]:
         return f"model TFLOP/s and MFU %: not computed ({model['error']})."
+    sources = "; ".join(dict.fromkeys(r["peak_source"] for r in ok_rows)) or "no run finished"
     text = (
         f"model TFLOP/s: images/s x {model['flops'] / 1e9:.2f} GFLOPs per training image "
-        f"({model['arch']} at {model['image_size']} px, forward + backward, convolutions and "
-        "matrix products only, counted by torch's FlopCounterMode), all processes together, as "
-        "nanoGPT counts model FLOPs; MFU %: model TFLOP/s over the peak of the hardware the run "
-        "used, in %."
+        f"({model['arch']} at {model['image_size']} px, forward + backward)"
     )
-    sources = list(dict.fromkeys(r["peak_source"] for r in ok_rows if r.get("peak_source")))
-    if not any(r.get("mfu_pct") is not None for r in ok_rows):
-        return (
-            f"{text} MFU % is blank: {'; '.join(sources or ['no run finished'])}. Set PEAK_TFLOPS "
-            "to the run's total peak TFLOP/s (`PEAK_TFLOPS=N bash start.sh`) to get it."
-        )
-    text += " Peak: " + "; ".join(sources) + "."
-    if any(not s.startswith(("PEAK_TFLOPS", "CPU")) for s in sources):
-        text += (
-            " GPU peaks are the vendors' dense bf16/fp16 tensor-core figures, without sparsity, "
-            "used for the fp32 runs too, as nanoGPT does: fp32 runs show a low MFU by design."
-        )
-    return text
+    if all(r["mfu_pct"] is None for r in ok_rows):
+        return f"{text}; MFU % blank: {sources}. Set PEAK_TFLOPS (`PEAK_TFLOPS=N bash start.sh`)."
+    return f"{text}; MFU %: over the peak: {sources}."
 
 
 RESULTS_HEAD = (
@@ -702,16 +691,7 @@ def print_summary(rows, checks, model):
             f"{fmt(r['loader_images_per_core_s'], 0):>11} {fmt(r['loader_cores_needed'], 2):>12}"
         )
     print_checks(checks)
-    ok_rows = [r for r in rows if r["status"] == "ok"]
-    if not model["flops"]:
-        print(f"model TFLOP/s, MFU: not computed ({model['error']})")
-        return
-    sources = "; ".join(dict.fromkeys(r["peak_source"] for r in ok_rows)) or "no run finished"
-    blank = ", MFU blank (set PEAK_TFLOPS)" if all(r["mfu_pct"] is None for r in ok_rows) else ""
-    print(
-        f"model FLOPs: {model['arch']} {model['image_size']}px {model['flops'] / 1e9:.2f} GFLOPs "
-        f"per training image (forward + backward); peak: {sources}{blank}"
-    )
+    print(mfu_notes([r for r in rows if r["status"] == "ok"], model))
 
 
 # ---- the benchmark across test hosts: start.sh --hosts N --link RATES ----
@@ -975,16 +955,8 @@ def network_checks(net):
 
 
 def network_link_lines(net):
+    """The all-reduce at each rate and host count, then FSDP's collectives where they ran."""
     lines = [
-        "## The links, as collectives see them",
-        "",
-        "tools/allreduce_bench.py across the hosts (gloo, one process per host, float32), before "
-        "the runs at that rate: nccl-tests' bus bandwidth (busbw = algbw x 2(n-1)/n for an "
-        "all-reduce), a fit time = alpha + size x 2(n-1)/n / busbw over the sizes from 256 KiB, "
-        "and the bytes each process sent (counted on its host's interface) per byte of the largest "
-        "all-reduce: a ring sends 2(n-1)/n. Where busbw stays the same as the hosts grow, the "
-        "ring's 2(n-1)/n holds.",
-        "",
         "| link | hosts | time at 4 KiB (ms) | busbw at 16 MiB (Gbit/s) | fit alpha (ms) | "
         "fit busbw (Gbit/s) | sent / size |",
         "|---|--:|--:|--:|--:|--:|--:|",
@@ -1008,11 +980,6 @@ def network_link_lines(net):
                     fsdp.append(md_row(cells))
     lines += [
         "",
-        "What FSDP sends besides: its all-gather (size: the gathered output) and reduce-scatter "
-        "(size: the input), busbw = algbw x (n-1)/n, which a ring sends per byte of the size. Sent "
-        "/ size above (n-1)/n means the backend sends more than a ring (gloo's reduce-scatter "
-        "sends what an all-reduce sends); NCCL's ring sends (n-1)/n.",
-        "",
         "| link | collective | hosts | fit busbw (Gbit/s) | fit alpha (ms) | sent / size |",
         "|---|---|--:|--:|--:|--:|",
     ]
@@ -1022,6 +989,12 @@ def network_link_lines(net):
 def sent_per_byte(rows):
     """The bytes a process sent per byte of the largest size the collective was timed at."""
     return rows[-1]["sent_bytes"] / rows[-1]["bytes"]
+
+
+# what the network report's tables and bars mean is said once, in the docs
+NET_DOCS = (
+    "What each table and bar means: docs/benchmark.md, 'Across test hosts over shaped links'."
+)
 
 
 def write_network_md(net, checks, info, args, path):
@@ -1037,72 +1010,42 @@ def write_network_md(net, checks, info, args, path):
             return cell(r, "exposed_s", 2)
         return f"{r['exposed_s']:.2f}" + (f" of {r['comm_s']:.2f}" if r.get("comm_s") else "")
 
-    def by_rate(head, rule, one_host, value):
-        """A line per row: the row, its one-host column(s), then its value at each link."""
-        lines = [md_row(["row", *head, *rates]), rule + "--:|" * len(rates)]
+    def by_rate(heading, head, rule, one_host, value):
+        """A table under its heading, a line per row: the row, its one-host column(s), then its
+        value at each link."""
+        lines = [
+            "",
+            f"## {heading}",
+            "",
+            md_row(["row", *head, *rates]),
+            rule + "--:|" * len(rates),
+        ]
         for row, ref in net["rows"].items():
             at_rates = [value(net["at"].get((row, rate))) for rate in rates]
             lines.append(md_row([row, *one_host(row, ref), *at_rates]))
         return lines
 
-    lines = head_lines("Network benchmark", args, info, "not used") + [
-        "Each host is a network namespace of this machine (tools/hosts.sh), one training process "
-        f"in each, {args.hosts} hosts unless the row says Mhosts; every host's eth0 is shaped with "
-        "`tc tbf` to the link's rate (what it sends leaves at that rate, so each direction of "
-        "every path runs at it). The hosts share this machine's cores, and the kernel's network "
-        "stack runs on them.",
-        "",
-        *network_link_lines(net),
-        "",
-        "## Images/s",
-        "",
-        "Training images per second, all processes together, over the epoch without its first 2 "
-        "steps. 1 host: the same row in one process with the same work per process.",
-        "",
-    ]
+    lines = head_lines("Network benchmark", args, info, "not used") + [NET_DOCS, ""]
+    lines += ["## The links, as collectives see them", "", *network_link_lines(net)]
     lines += by_rate(
+        "Images/s",
         ["launcher", "1 host"],
         "|---|---|--:|",
         lambda row, ref: [LAUNCHERS.get(row.split("+")[0], ""), cell(ref, "images_per_s", 2)],
         lambda r: cell(r, "images_per_s", 2),
     )
-    lines += [
-        "",
-        "## Scaling efficiency",
-        "",
-        "images/s over the hosts x the one-host images/s of the same row (1.00: the hosts cost "
-        "nothing).",
-        "",
-    ]
-    lines += by_rate([], "|---|", lambda row, ref: [], lambda r: cell(r, "efficiency", 2))
-    lines += [
-        "",
-        "## Communication not hidden behind the backward pass",
-        "",
-        "Seconds per optimizer step: the step time across the hosts minus the one-host step time "
-        "of the same row (step time = images per step / images/s). Both runs do the same work per "
-        "process, so the difference is what distribution adds: the communication not overlapped "
-        "with the backward pass, plus the rest of its cost (gloo's CPU use on a shared core, "
-        "waiting for the slower host). 'of': the communication time of the model's rows at the "
-        "measured link; what hides behind the backward pass is measured below, against the "
-        "one-bucket rows.",
-        "",
-    ]
     lines += by_rate(
-        ["1 host step (s)"], "|---|--:|", lambda row, ref: [cell(ref, "step_s", 3)], exposed
+        "Scaling efficiency", [], "|---|", lambda row, ref: [], lambda r: cell(r, "efficiency", 2)
     )
-    lines += ["", *network_model_lines(net)]
-    lines += [
-        "",
-        "## Bars",
-        "",
-        "If absent: what the figure would read without the effect it checks (no compression gain, "
-        "accumulation that sends every micro-batch, no overlap at all): a bar it cannot fail there "
-        "says nothing.",
-        "",
-        "| check | what | bar | if absent | measured | result |",
-        "|---|---|---|---|---|---|",
-    ]
+    lines += by_rate(
+        "Communication not hidden behind the backward pass",
+        ["1 host step (s)"],
+        "|---|--:|",
+        lambda row, ref: [cell(ref, "step_s", 3)],
+        exposed,
+    )
+    lines += ["", *network_model_lines(net), "", "## Bars", ""]
+    lines += ["| check | what | bar | if absent | measured | result |", "|---|---|---|---|---|---|"]
     lines += [check_row(c, [c["absent"]]) for c in checks]
     everything = [*net["refs"].values(), *net["runs"]]
     others = [r for r in everything if r["status"] != "ok"]
@@ -1126,12 +1069,13 @@ def write_network_md(net, checks, info, args, path):
 
 
 def network_model_lines(net):
+    """The model's images/s beside the measured, then the share hidden beside the one-bucket
+    twin's, measured and modeled."""
+    lines = ["## The model against the runs", ""]
     modeled = [r for r in net["runs"] if r.get("predicted_images_per_s")]
     if not modeled:
-        return [
-            "## The model against the runs",
-            "",
-            "No prediction: no modeled row ran, or the profile or the link measurement is missing.",
+        return lines + [
+            "No prediction: no modeled row ran, or the profile or the link measurement is missing."
         ]
     ks = [r["calibration"] for r in modeled]
     profiles = "; ".join(
@@ -1141,20 +1085,9 @@ def network_model_lines(net):
         f"{', '.join(format(b['bytes'] / 1e6, '.1f') for b in p['buckets'])} MB"
         for p in net["profiles"].values()
     )
-    lines = [
-        "## The model against the runs",
-        "",
-        f"tools/scaling_model.py with what it measured before the runs ({profiles}), its times "
-        f"scaled to the one-host run's step of the row (by {min(ks):.2f} to {max(ks):.2f}: the "
-        "profile gives the split, the run the speed on the day; x hosts / cores where the hosts' "
-        "processes outnumber the cores), and the link measured at that rate: its bus bandwidth "
-        "at the fewest hosts, its latency growing with the hosts as measured from 2 to the most. "
-        "For the DDP rows it overlaps each bucket's all-reduce with the rest of the backward "
-        "pass; for FSDP it adds the all-gathers and reduce-scatters, which FSDP2 waits for on "
-        "CPU. It does not know the CPU the collectives and the network stack take from the "
-        "computation on the same cores. The regime of each run: its communication (as the model "
-        "has it at the measured link) over the one-host step (compute) and over the backward "
-        "pass.",
+    lines += [
+        f"Profiles ({profiles}), their times scaled to each row's one-host step by {min(ks):.2f} "
+        f"to {max(ks):.2f}.",
         "",
         "| row | link | hosts | measured images/s | predicted | error | comm / compute | "
         "comm / backward |",
@@ -1168,11 +1101,6 @@ def network_model_lines(net):
     lines += [
         "",
         "## Overlap: the communication the backward pass hides",
-        "",
-        "A row beside its one-bucket twin (the same row with DDP's gradients in one bucket, whose "
-        "all-reduce starts only when the backward pass ends): hidden = (twin's step - row's step) "
-        "/ (twin's step - one-host step), the share of the twin's communication the row hides. "
-        "With no overlap at all it reads 0%.",
         "",
         "| row | link | comm / backward | 1 host step (s) | one bucket step (s) | step (s) | "
         "hidden | model's |",
