@@ -77,8 +77,7 @@ def main(argv):
     p.add_argument("--arch", help="model of the runs (default: what their metrics.jsonl say)")
     p.add_argument("--image-size", type=int, help="default: the runs' --image-size, else 224")
     p.add_argument("--loader-ips", type=float, help="tools/loader_bench.py --quick on the data")
-    peak = os.environ.get("PEAK_TFLOPS") or None
-    p.add_argument("--peak-tflops", type=float, default=peak, help="default: PEAK_TFLOPS")
+    p.add_argument("--peak-tflops", type=float, default=os.environ.get("PEAK_TFLOPS") or None)
     p.add_argument("--network", action="store_true", help="report start.sh --hosts N instead")
     p.add_argument("--hosts", type=int, help="with --network: the number of hosts")
     p.add_argument("--batch", type=int, help="with --network: the global batch of a row")
@@ -99,9 +98,10 @@ def main(argv):
     checks = check_bars(rows, native)
     info["model"] = model = count_model(rows, args.arch, args.image_size)
     add_mfu(rows, model["flops"], args.peak_tflops, cpu_peak=info["cpu_peak"])
-    write_csv(rows, os.path.join(args.results, "benchmark.csv"))
-    write_md(rows, checks, info, args, os.path.join(args.results, "benchmark.md"))
-    write_png(rows, checks, info, args, os.path.join(args.results, "benchmark.png"))
+    base, digits = os.path.join(args.results, "benchmark"), CSV_DIGITS.get
+    write_csv(base + ".csv", COLUMNS, rows, lambda c, x: fmt(x, digits(c, 2)))
+    write_md(rows, checks, info, args, base + ".md")
+    write_png(rows, checks, info, args, base + ".png")
     print_summary(rows, checks, model)
     print(f"wrote {args.results}/benchmark.csv, benchmark.md, benchmark.png")
 
@@ -511,22 +511,18 @@ def write_lines(path, lines):
         f.write("\n".join(lines) + "\n")
 
 
-def write_csv(rows, path):
+def write_csv(path, columns, rows, float_text):
+    """The rows' columns, a float as float_text(column, value) says, None as an empty cell."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(COLUMNS)
+        w.writerow(columns)
         for r in rows:
-            w.writerow(
-                fmt(r[c], CSV_DIGITS.get(c, 2))
-                if isinstance(r[c], float)
-                else ("" if r[c] is None else r[c])
-                for c in COLUMNS
-            )
+            cells = [(c, r.get(c)) for c in columns]
+            w.writerow(float_text(c, x) if isinstance(x, float) else x for c, x in cells)
 
 
 def mfu_notes(ok_rows, model):
-    """How model TFLOP/s and MFU % were counted and against which peaks, in the report and on the
-    console (docs/benchmark.md says more)."""
+    """How model TFLOP/s and MFU % were counted, and the peaks (docs/benchmark.md says more)."""
     if not model["flops"]:
         return f"model TFLOP/s and MFU %: not computed ({model['error']})."
     sources = "; ".join(dict.fromkeys(r["peak_source"] for r in ok_rows)) or "no run finished"
@@ -547,6 +543,11 @@ RESULTS_HEAD = (
 COLUMNS_TEXT = (
     "What each column means, and how MFU is counted: docs/benchmark.md. images/s leaves out the "
     "first 2 (warm-up) steps; epoch time includes them. {util}: mean over the whole run."
+)
+# where to read what FSDP saves per process against DDP: the committed tools/fsdp_memory.py report
+FSDP_MEMORY = (
+    "- fsdp holds 1/N of the parameters, gradients and momentum per process; what that saves "
+    "against DDP: results/fsdp-memory.md (`.venv/bin/python tools/fsdp_memory.py`)"
 )
 
 
@@ -576,15 +577,7 @@ def write_md(rows, checks, info, args, path):
     lines += ["## Performance bars", "", "| check | what | bar | measured | result |"]
     lines += ["|---|---|---|---|---|", *map(check_row, checks)]
     if any(r["backend"] == "fsdp" for r in rows):
-        # where to read what FSDP saves per process against DDP (tools/fsdp_memory.py's report)
-        where = "fsdp-memory.md"
-        if not os.path.isfile(os.path.join(args.results, where)):
-            where = "results/fsdp-memory.md"
-        lines += ["", "## Memory", ""]
-        lines.append(
-            "- fsdp holds 1/N of the parameters, gradients and momentum per process; what that "
-            f"saves against DDP: {where} (`.venv/bin/python tools/fsdp_memory.py`)"
-        )
+        lines += ["", "## Memory", "", FSDP_MEMORY]
     lines += ["", "## Commands", ""]
     lines += [f"- {r['backend']}: `{r['command']}`" for r in rows if r["status"] != "skipped"]
     write_lines(path, lines)
@@ -624,8 +617,9 @@ def bar_axes(ax, margin):
     ax.set_axisbelow(True)
 
 
-def check_notes(checks):
-    return [f"{verdict(c['ok'])}  {c['name']} {c['bar']}: {c['text']}" for c in checks]
+def check_lines(checks):
+    """The bars' PASS/FAIL lines, on the console and under the charts."""
+    return [f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}" for c in checks]
 
 
 def write_png(rows, checks, info, args, path):
@@ -650,29 +644,9 @@ def write_png(rows, checks, info, args, path):
         bar_axes(ax, 0.12)
         if i:
             ax.set_yticklabels([])
-    notes = check_notes(checks) + [png_mfu_line(ok, info["model"])]
+    notes = check_lines(checks) + [mfu_notes(ok, info["model"])]
     notes += [f"not run: {r['backend']}: {r['note']}" for r in rows if r["status"] != "ok"]
     save_chart(fig, notes, path)
-
-
-def png_mfu_line(ok_rows, model):
-    if not model["flops"]:
-        return f"model TFLOP/s, MFU: not computed ({model['error']})"
-    per = ", ".join(
-        f"{r['backend']} {fmt_tflops(r['train_tflops'])}"
-        + (f" ({fmt(r['mfu_pct'])}% MFU)" if r.get("mfu_pct") is not None else "")
-        for r in ok_rows
-    )
-    blank = "; MFU: no peak (PEAK_TFLOPS)" if all(r.get("mfu_pct") is None for r in ok_rows) else ""
-    return (
-        f"model TFLOP/s ({model['arch']} {model['image_size']}px: "
-        f"{model['flops'] / 1e9:.2f} GFLOPs per image forward + backward): {per}{blank}"
-    )
-
-
-def print_checks(checks):
-    for c in checks:
-        print(f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}")
 
 
 def print_summary(rows, checks, model):
@@ -690,7 +664,7 @@ def print_summary(rows, checks, model):
             f"{fmt(r['epoch_time_s']):>8} {fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7} "
             f"{fmt(r['loader_images_per_core_s'], 0):>11} {fmt(r['loader_cores_needed'], 2):>12}"
         )
-    print_checks(checks)
+    print(*check_lines(checks), sep="\n")
     print(mfu_notes([r for r in rows if r["status"] == "ok"], model))
 
 
@@ -736,31 +710,24 @@ def network_report(args):
     net = summarise_network(args, info["nproc"])
     checks = network_checks(net)
     base = os.path.join(args.results, "benchmark-network")
-    with open(base + ".csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(NET_COLUMNS)
-        for r in [*net["refs"].values(), *net["runs"]]:
-            w.writerow(
-                f"{r.get(c):.4g}" if isinstance(r.get(c), float) else r.get(c) or ""
-                for c in NET_COLUMNS
-            )
+    everything = [*net["refs"].values(), *net["runs"]]
+    write_csv(base + ".csv", NET_COLUMNS, everything, lambda column, x: f"{x:.4g}")
     write_network_md(net, checks, info, args, base + ".md")
     write_network_png(net, checks, info, args, base + ".png")
     print(f"{'row':<28} {'1 host':>8} " + " ".join(f"{r:>16}" for r in net["rates"]))
     for row, ref in net["rows"].items():
-        cells = [images_per_s_text(net["at"].get((row, rate))) for rate in net["rates"]]
-        one_host = fmt(ref and ref.get("images_per_s"), 2) or "-"
-        print(f"{row:<28} {one_host:>8} " + " ".join(f"{c:>16}" for c in cells))
+        cells = [fmt(ref and ref.get("images_per_s"), 2) or "-"]
+        for r in (net["at"].get((row, rate)) for rate in net["rates"]):
+            predicted = r and r.get("predicted_images_per_s")
+            cells.append(r["status"] if r else "-")
+            if r and r.get("images_per_s"):
+                cells[-1] = f"{r['images_per_s']:.2f}" + (
+                    f" ({predicted:.2f})" if predicted else ""
+                )
+        print(f"{row:<28} {cells[0]:>8} " + " ".join(f"{c:>16}" for c in cells[1:]))
     print("images/s (model's prediction)")
-    print_checks(checks)
+    print(*check_lines(checks), sep="\n")
     print(f"wrote {base}.csv, .md, .png")
-
-
-def images_per_s_text(r):
-    if not r or not r.get("images_per_s"):
-        return "-" if not r else r["status"]
-    predicted = r.get("predicted_images_per_s")
-    return f"{r['images_per_s']:.2f}" + (f" ({predicted:.2f})" if predicted else "")
 
 
 def row_parts(row, hosts=2, size=None):
@@ -792,21 +759,8 @@ def rate_key(rate):
         return math.inf
 
 
-def network_links(runs_dir, rates):
-    """Per rate: the collectives' benchmarks by host count, and the link the model makes of them."""
-    links = {}
-    for rate in rates:
-        paths = glob.glob(os.path.join(runs_dir, f"allreduce-{rate}-n*.json"))
-        paths.sort(key=lambda p: int(re.search(r"-n(\d+)\.json$", p).group(1)))
-        if paths:
-            benches = [json.load(open(p)) for p in paths]
-            links[rate] = dict(benches=benches, link=Link.measured(paths), paths=paths)
-    return links
-
-
 def summarise_network(args, cores):
-    """The runs across hosts and their one-host references (refs, by row), each with its images/s
-    and step time; the runs with what the one-host run, the model and the one-bucket twin say."""
+    """The runs across hosts, and their one-host references (refs, by row), with what they say."""
     runs_dir = os.path.join(args.results, "runs-network")
     manifest = read_manifest(os.path.join(runs_dir, "manifest.tsv"), NET_MANIFEST)
     profiles = {}
@@ -814,7 +768,13 @@ def summarise_network(args, cores):
         profile = json.load(open(path))
         profiles[profile["image_size"]] = dict(profile, path=path)
     rates = sorted({m["rate"] for m in manifest if m["rate"] != ONE_HOST}, key=rate_key)
-    links = network_links(runs_dir, rates)
+    links = {}  # per rate: the collectives' benchmarks by host count, and the model's link
+    for rate in rates:
+        paths = glob.glob(os.path.join(runs_dir, f"allreduce-{rate}-n*.json"))
+        paths.sort(key=lambda p: int(re.search(r"-n(\d+)\.json$", p).group(1)))
+        if paths:
+            benches = [json.load(open(p)) for p in paths]
+            links[rate] = dict(benches=benches, link=Link.measured(paths), paths=paths)
     refs, runs = {}, []
     for m in manifest:
         if m["row"] == "allreduce":
@@ -907,8 +867,7 @@ def predict(r, ref, profiles, links, cores, loader_ips):
 
 
 def network_checks(net):
-    """The run's answers to the questions it is for, each a measured figure against its bar, and
-    what the figure would read if the effect it checks were absent."""
+    """Each question the run is for: a measured figure, its bar, and what it reads if absent."""
     by = {key: r for key, r in net["at"].items() if r["status"] == "ok"}
     rates = [x for x in net["rates"] if x != "unshaped"] or net["rates"]
     slow = rates[0] if rates else None
@@ -1011,8 +970,7 @@ def write_network_md(net, checks, info, args, path):
         return f"{r['exposed_s']:.2f}" + (f" of {r['comm_s']:.2f}" if r.get("comm_s") else "")
 
     def by_rate(heading, head, rule, one_host, value):
-        """A table under its heading, a line per row: the row, its one-host column(s), then its
-        value at each link."""
+        """A table: per row, its one-host column(s), then its value at each link."""
         lines = [
             "",
             f"## {heading}",
@@ -1069,8 +1027,7 @@ def write_network_md(net, checks, info, args, path):
 
 
 def network_model_lines(net):
-    """The model's images/s beside the measured, then the share hidden beside the one-bucket
-    twin's, measured and modeled."""
+    """The model's images/s beside the measured; the share hidden, measured and modeled."""
     lines = ["## The model against the runs", ""]
     modeled = [r for r in net["runs"] if r.get("predicted_images_per_s")]
     if not modeled:
@@ -1152,7 +1109,7 @@ def write_network_png(net, checks, info, args, path):
             label(end, y, text)
     ax.set_yticks([i + h * len(rates) / 2 for i in range(len(rows))], rows)
     bar_axes(ax, 0.25)
-    save_chart(fig, check_notes(checks), path)
+    save_chart(fig, check_lines(checks), path)
 
 
 if __name__ == "__main__":
