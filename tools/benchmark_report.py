@@ -132,8 +132,7 @@ def train_flops_per_image(arch, image_size, num_classes=1000):
 
 
 def count_model(rows, arch=None, image_size=None):
-    """The runs' model: arch and image size as given, else what their metrics and commands say
-    (else the scripts' 224 px); flops: the training FLOPs of an image, or None and error: why."""
+    """arch and image size as given, else as the runs say (else 224 px); flops, or error: why."""
     arch = arch or next((r["arch"] for r in rows if r.get("arch")), None)
     ran = (r for r in rows if r["status"] != "skipped")
     sizes = (re.search(r"--image-size[ =](\d+)", r["command"]) for r in ran)
@@ -260,8 +259,7 @@ def run_peak(row, peak_tflops=None, gpu_names=None, cpu_peak=None):
 
 
 def add_mfu(rows, flops_per_image, peak_tflops=None, gpu_names=None, cpu_peak=None):
-    """Fills each row's train_tflops, mfu_pct, peak_tflops and peak_source; returns rows.
-    gpu_names: {nvidia-smi index or uuid: name}, asked of nvidia-smi when a row used GPUs."""
+    """Fills each row's train_tflops, mfu_pct, peak_tflops and peak_source; returns rows."""
     if gpu_names is None and not peak_tflops and any(uses_gpus(r) for r in rows):
         gpu_names = nvidia_smi_gpus()
     for r in rows:
@@ -362,9 +360,7 @@ def mean(values):
 
 
 def summarise(results, loader_ips=None):
-    """A row per backend of the manifest, with what its metrics and samples say. loader_ips: the
-    images one loader process decodes and augments per CPU second (tools/loader_bench.py --quick
-    on the runs' data), which a run's images/s over it turns into the loader cores it needs."""
+    """A row per backend of the manifest, with what its metrics and samples say."""
     rows = []
     for m in read_manifest(os.path.join(results, "runs", "manifest.tsv"), MANIFEST):
         name, status = m["backend"], m["status"]
@@ -731,9 +727,7 @@ def network_report(args):
 
 
 def row_parts(row, hosts=2, size=None):
-    """'distributed+bf16+accum4' -> backend, compression, micro-batches a step, image size (size
-    unless SIZEpx), hosts (hosts unless Mhosts), one bucket or not, other tags (script options),
-    as netbench.sh reads a row."""
+    """A row's backend and its tags ('distributed+bf16+accum4'), as netbench.sh reads them."""
     backend, *tags = row.split("+")
     parts = dict(backend=backend, compression="none", accum=1, size=size, hosts=hosts)
     parts.update(onebucket=False, other=[])
@@ -827,8 +821,7 @@ def summarise_network(args, cores):
 
 
 def hidden(step, baseline, alone):
-    """The share of the communication the backward pass hides, %: what a row saves against its
-    one-bucket twin, whose all-reduce hides nothing, over all the twin's communication."""
+    """The % of its one-bucket twin's communication (which hides none) a row hides."""
     return 100 * (baseline - step) / (baseline - alone) if baseline > alone else None
 
 
@@ -1075,8 +1068,7 @@ def network_model_lines(net):
 
 
 def write_network_png(net, checks, info, args, path):
-    """images/s per row, a bar per link; the one-host run x hosts in grey (the ideal) and the
-    model's prediction as a black tick; the bars' verdicts under the chart."""
+    """images/s per row, a bar per link, the ideal in grey, the model as a black tick."""
     rates, rows = net["rates"], list(net["rows"])
     machine = f"{info['nproc']} CPUs ({info['cpu']})"
     fig = chart("Network benchmark", machine, args, info, 2 + 0.25 * len(rows) * (len(rates) + 1.5))
