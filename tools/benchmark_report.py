@@ -8,8 +8,7 @@
 It reads each run's RESULTS/runs/NAME/metrics.jsonl (rank 0's epochs) and stats.csv
 (statistics.sh's samples), and shows commands as a user types them in the checkout. MFU, as
 nanoGPT counts it: images/s x the training FLOPs of an image over the peak of the hardware the
-run used; on CPU, P processes x T threads in precision X against P x the matmul peak of X at T
-threads that `cpu-peak` measured before the runs (docs/benchmark.md).
+run used; on CPU, the matmul peak that `cpu-peak` measured before the runs (docs/benchmark.md).
 """
 
 import argparse
@@ -224,11 +223,10 @@ def nvidia_smi_gpus():
 def output_of(command):
     """The lines a command prints; none where it is not installed or does not answer."""
     try:
-        return subprocess.run(
-            command, capture_output=True, text=True, timeout=10
-        ).stdout.splitlines()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return []
+    return done.stdout.splitlines()
 
 
 def run_peak(row, peak_tflops=None, gpu_names=None, cpu_peak=None):
@@ -427,8 +425,9 @@ def check_bars(rows, native_mixed_precision):
         t, b = by.get(test, {}), by.get(base, {})
         minimum = minimum or (AMP_BAR_NATIVE if native_mixed_precision else AMP_BAR_OTHER)
         amp = {"off": "fp32", None: "?"}.get(t.get("amp"), t.get("amp"))
-        shape = dict(p=field(t, "processes"), t=field(t, "threads_per_process"))
-        what = what.format(**shape, c=field(b, "threads_per_process"), amp=amp, hw=hw)
+        # a run that did not happen has no shape: "?", never None
+        shape = dict(p=t.get("processes") or "?", t=t.get("threads_per_process") or "?")
+        what = what.format(**shape, c=b.get("threads_per_process") or "?", amp=amp, hw=hw)
         ok, text = None, f"not measured: {base if t else test} did not run"
         if t.get("images_per_s") and b.get("images_per_s"):
             ratio = t["images_per_s"] / b["images_per_s"]
@@ -450,11 +449,6 @@ def check_bars(rows, native_mixed_precision):
         check.update(what="host time waiting for the loader, every run", ok=worst <= DATA_WAIT_MAX)
         check["text"] = f"worst {name} {worst:.1f}%; {each}"
     return checks + [check]
-
-
-def field(row, key):
-    """row[key] for the report's text, "?" for a run that did not happen or lacks it."""
-    return "?" if row.get(key) in (None, "") else row[key]
 
 
 def verdict(ok):
@@ -713,13 +707,12 @@ def network_report(args):
     print(f"{'row':<28} {'1 host':>8} " + " ".join(f"{r:>16}" for r in net["rates"]))
     for row, ref in net["rows"].items():
         cells = [fmt(ref and ref.get("images_per_s"), 2) or "-"]
-        for r in (net["at"].get((row, rate)) for rate in net["rates"]):
-            predicted = r and r.get("predicted_images_per_s")
-            cells.append(r["status"] if r else "-")
-            if r and r.get("images_per_s"):
-                cells[-1] = f"{r['images_per_s']:.2f}" + (
-                    f" ({predicted:.2f})" if predicted else ""
-                )
+        for rate in net["rates"]:  # images/s (the model's), else why not
+            r = net["at"].get((row, rate)) or {}
+            text = f"{r['images_per_s']:.2f}" if r.get("images_per_s") else r.get("status", "-")
+            if r.get("images_per_s") and r.get("predicted_images_per_s"):
+                text += f" ({r['predicted_images_per_s']:.2f})"
+            cells.append(text)
         print(f"{row:<28} {cells[0]:>8} " + " ".join(f"{c:>16}" for c in cells[1:]))
     print("images/s (model's prediction)")
     print(*check_lines(checks), sep="\n")
@@ -745,14 +738,6 @@ def row_parts(row, hosts=2, size=None):
     return parts
 
 
-def rate_key(rate):
-    """Slowest first; the unshaped link last."""
-    try:
-        return parse_rate(rate)
-    except ValueError:
-        return math.inf
-
-
 def summarise_network(args, cores):
     """The runs across hosts, and their one-host references (refs, by row), with what they say."""
     runs_dir = os.path.join(args.results, "runs-network")
@@ -761,7 +746,8 @@ def summarise_network(args, cores):
     for path in glob.glob(os.path.join(runs_dir, "profile-*.json")):
         profile = json.load(open(path))
         profiles[profile["image_size"]] = dict(profile, path=path)
-    rates = sorted({m["rate"] for m in manifest if m["rate"] != ONE_HOST}, key=rate_key)
+    rates = {m["rate"] for m in manifest if m["rate"] != ONE_HOST}  # slowest first, unshaped last
+    rates = sorted(rates, key=lambda x: math.inf if x == "unshaped" else parse_rate(x))
     links = {}  # per rate: the collectives' benchmarks by host count, and the model's link
     for rate in rates:
         paths = glob.glob(os.path.join(runs_dir, f"allreduce-{rate}-n*.json"))
