@@ -12,21 +12,14 @@
 # pip wheel (nvidia-nccl-*), the one torch loads at run time.
 #
 #   --force        rebuild and reinstall even if horovod.torch imports and a cached wheel exists
-#   --nccl         build with NCCL where nvidia-smi finds no GPU (a login node, a build
-#                  container); needs the CUDA toolkit (nvcc)
+#   --nccl         build with NCCL where nvidia-smi finds no GPU (a login node); needs nvcc
 #   --dry-run      print the build configuration and exit, building nothing
-#   --fetch DIR    where a package index is reachable: download what a machine without one needs
-#                  into DIR, the sdist and (in DIR/wheels) the build dependencies for Python
-#                  FETCH_PYTHON_VERSION (default $PYTHON's) on FETCH_PLATFORM (default
-#                  manylinux2014_$(uname -m)); carry DIR to that machine
-#   --offline DIR  build from DIR (made by --fetch) where no package index is reachable (an
-#                  air-gapped cluster): pip runs with --no-index and finds wheels in DIR/wheels
+#   --fetch DIR    download the sdist and build dependencies into DIR, for a machine without a
+#                  package index (FETCH_PYTHON_VERSION, FETCH_PLATFORM: that machine's)
+#   --offline DIR  build from DIR (made by --fetch) with pip --no-index
 #
-# Environment: HOROVOD_VERSION (default 0.28.1); HOROVOD_SDIST, a horovod-VERSION.tar.gz to build
-# instead of downloading one; CMAKE_POLICY_VERSION_MINIMUM (default 3.5: CMake 4 refuses the
-# cmake_minimum_required(2.8.12) of Horovod's bundled gloo without it). Honoured if set, otherwise
-# chosen from what this machine has: HOROVOD_WITH_MPI, HOROVOD_WITHOUT_MPI, HOROVOD_GPU_OPERATIONS,
-# CUDA_HOME, HOROVOD_CUDA_HOME, HOROVOD_BUILD_CUDA_CC_LIST, HOROVOD_NCCL_{HOME,INCLUDE,LIB,LINK}.
+# Environment: HOROVOD_VERSION, HOROVOD_SDIST, and Horovod's own build variables, which win over
+# what this script would choose (docs/horovod.md lists them).
 set -euo pipefail
 
 HOROVOD_VERSION=${HOROVOD_VERSION:-0.28.1}
@@ -57,11 +50,11 @@ done
 
 command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON=$PYTHON not found"
 
-# What the build needs besides torch, as "module:distribution": Horovod's runtime deps are build
-# deps too (setup.py imports horovod for its version, which imports horovod.runner), without build
-# isolation setuptools and wheel must be installed already, and setuptools downloads a missing cffi
-# (setup_requires) in the middle of the build, which fails without a package index.
-BUILD_DEPS="cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging wheel:wheel setuptools:setuptools cffi:cffi"
+# What the build needs besides torch: Horovod's runtime deps are build deps too (setup.py imports
+# horovod for its version, which imports horovod.runner), without build isolation setuptools and
+# wheel must be installed already, and setuptools downloads a missing cffi (setup_requires) in the
+# middle of the build, which fails without a package index.
+BUILD_DEPS=(cloudpickle psutil pyyaml packaging wheel setuptools cffi)
 
 # An air-gapped cluster has no package index: --fetch gathers, where there is one, what the build
 # would download there, and --offline builds from that alone.
@@ -70,9 +63,8 @@ if [[ -n $FETCH ]]; then
     platform=${FETCH_PLATFORM:-manylinux2014_$(uname -m)}
     log "fetch:    horovod $HOROVOD_VERSION and its build dependencies for Python $version on $platform"
     "$PYTHON" -m pip download --no-deps --no-binary :all: -d "$FETCH" "horovod==$HOROVOD_VERSION"
-    # shellcheck disable=SC2046  # one word per distribution
     "$PYTHON" -m pip download --only-binary :all: --python-version "$version" --implementation cp \
-        --platform "$platform" -d "$FETCH/wheels" $(sed 's/[^ ]*://g' <<<"$BUILD_DEPS")
+        --platform "$platform" -d "$FETCH/wheels" "${BUILD_DEPS[@]}"
     log "done: carry $FETCH to the machine without a package index and run there: bash $0 --offline $FETCH"
     exit 0
 fi
@@ -164,10 +156,6 @@ fi
 # Lets CMake 4 configure the gloo bundled with Horovod (see the header); older CMakes ignore it.
 export CMAKE_POLICY_VERSION_MINIMUM="${CMAKE_POLICY_VERSION_MINIMUM:-3.5}"
 
-# found without importing them (one quick interpreter start)
-read -r -a MISSING_DEPS <<<"$("$PYTHON" -c '
-import importlib.util, sys
-print(" ".join(d.split(":")[1] for d in sys.argv[1:] if importlib.util.find_spec(d.split(":")[0]) is None))' $BUILD_DEPS)"
 CMAKE_VERSION=$(cmake --version 2>/dev/null | awk 'NR == 1 {print $3}') || CMAKE_VERSION=""
 
 # Horovod's setup.py defaults to make -j8, which oversubscribes small boxes and underuses big ones.
@@ -192,30 +180,21 @@ fi
 log "cache:    $CACHE_DIR"
 log "cmake:    ${CMAKE_VERSION:-not found} CMAKE_POLICY_VERSION_MINIMUM=$CMAKE_POLICY_VERSION_MINIMUM"
 log "sdist:    ${HOROVOD_SDIST:-downloaded from the package index}${OFFLINE:+ (offline: pip --no-index)}"
-if ((${#MISSING_DEPS[@]})); then
-    log "deps:     missing ${MISSING_DEPS[*]}: pip installs them${OFFLINE:+ from $OFFLINE/wheels}"
-else
-    log "deps:     all importable"
-fi
 if ((DRY_RUN)); then
     log "dry run: nothing built or installed"
     exit 0
 fi
 
-# Build isolation is off (see below), so build deps must be present here (BUILD_DEPS above);
-# only the missing ones are installed.
-if ((${#MISSING_DEPS[@]})); then
-    "$PYTHON" -m pip install --quiet "${MISSING_DEPS[@]}"
-fi
+# Build isolation is off (see below), so build deps must be present here; pip installs only the
+# missing ones (offline, from DIR/wheels).
+"$PYTHON" -m pip install --quiet "${BUILD_DEPS[@]}"
 
-BUILD_TIME="0s (cached wheel)"
 WHEEL=$(compgen -G "$CACHE_DIR/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || true)
 if [[ -n $WHEEL && $FORCE == 0 ]]; then
     log "using cached wheel $WHEEL"
 else
     if [[ -z $CMAKE_VERSION ]]; then
         [[ -z $OFFLINE ]] || die "no cmake on PATH, and offline Horovod's setup.py cannot pip-install one"
-        log "warning: cmake not on PATH; Horovod's setup.py will try to pip-install an old one"
     fi
     command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1 \
         || die "no C++ compiler found (install g++)"
@@ -241,11 +220,9 @@ else
     log "patched CMAKE_CXX_STANDARD 14 -> 20"
 
     log "building wheel (several minutes; MAKEFLAGS=$MAKEFLAGS)"
-    start=$SECONDS
     # --no-build-isolation: the build compiles against the torch installed here, not a fresh one
     # pip would fetch into an isolated environment.
     "$PYTHON" -m pip wheel --no-cache-dir --no-deps --no-build-isolation -w "$WORK/wheel" "$SRC"
-    BUILD_TIME="$((SECONDS - start))s"
 
     built="$(compgen -G "$WORK/wheel/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || true)"
     [[ -n "$built" ]] || die "pip wheel produced no horovod wheel"
@@ -270,13 +247,3 @@ assert os.environ["WANT_NCCL"] != "NCCL" or hvd.nccl_built(), "horovod was built
 print(f"[install-horovod] horovod {horovod.__version__} OK: size={hvd.size()} rank={hvd.rank()}",
       f"gloo={hvd.gloo_built()} mpi={hvd.mpi_built()} nccl={hvd.nccl_built()}")
 hvd.shutdown()'
-
-SCRIPTS_DIR="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
-[[ -x "$SCRIPTS_DIR/horovodrun" ]] || die "horovodrun not found in $SCRIPTS_DIR"
-log "horovodrun: $SCRIPTS_DIR/horovodrun"
-# horovodrun runs the worker command verbatim, so a bare 'python' in it resolves through PATH and
-# may pick an interpreter without horovod.
-if [[ ":$PATH:" != *":$SCRIPTS_DIR:"* ]]; then
-    log "note: $SCRIPTS_DIR is not on PATH; call $SCRIPTS_DIR/horovodrun and give it $PYTHON (not bare 'python'), or prepend that dir to PATH."
-fi
-log "build time: $BUILD_TIME"
