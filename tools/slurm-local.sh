@@ -3,18 +3,15 @@
 #
 #   tools/slurm-local.sh up [--nodes N]  install (if needed), configure and start the cluster
 #   tools/slurm-local.sh down            cancel jobs and stop every slurmd, slurmctld and munged
-#   tools/slurm-local.sh status          show sinfo and daemon state; exit 0 only if it is usable
+#   tools/slurm-local.sh status          print the nodes' states; exit 0 only if it is usable
 #
-# The Slurm code path (distributed_slurm_main.py) reads its rank layout from SLURM_* variables that
-# only srun sets, so it cannot be exercised without a cluster. `up` starts the smallest one that is
-# still real: munged, slurmctld and slurmd on localhost, as plain daemons, so that it works in
-# containers and CI runners without systemd. With --nodes N (N > 1) the nodes are the test hosts of
-# tools/hosts.sh instead (network namespaces node0 .. node(N-1), made if needed), one slurmd in
-# each and slurmctld on this machine's end of their bridge, so that jobs really span hosts: srun -N2
-# -n2 hostname prints node0 and node1. `up` without --nodes goes back to one node (the test hosts
-# stay; tools/hosts.sh down removes them). Each node advertises SLURM_LOCAL_GPUS GPUs (default 4):
-# placeholders with no device behind them, so that GPU job scripts (slurm/train.sbatch asks
-# --gpus-per-node=4) are accepted and run on CPU. Targets Debian 12 (slurm-wlm 22.05). Needs root.
+# munged, slurmctld and slurmd run as plain daemons, so that it works in containers and CI runners
+# without systemd. With --nodes N (N > 1) the nodes are the test hosts of tools/hosts.sh (made if
+# needed), one slurmd in each and slurmctld on this machine's end of their bridge, so that jobs
+# really span hosts; `up` without --nodes goes back to one node. Each node advertises
+# SLURM_LOCAL_GPUS placeholder GPUs (default 4), so that GPU job scripts (slurm/train.sbatch) are
+# accepted and run on CPU. docs/slurm-and-multinode.md shows it in use. Targets Debian 12
+# (slurm-wlm 22.05). Needs root.
 set -euo pipefail
 umask 022  # the daemons read what is written here as other users
 
@@ -119,10 +116,7 @@ hosts_up() {
 
 ensure_packages() {
     local packages=(slurmctld slurmd slurm-client munge)
-    if [[ $(dpkg-query -W -f='${Status}\n' "${packages[@]}" 2>/dev/null | grep -c 'ok installed$') == 4 ]]; then
-        return 0
-    fi
-    command -v apt-get >/dev/null || die "missing packages (of ${packages[*]}) and no apt-get"
+    if dpkg -s "${packages[@]}" >/dev/null 2>&1; then return 0; fi
     log "installing ${packages[*]}"
     # Package postinst scripts try to start services; in a container without systemd that only
     # produces noise, so a policy-rc.d denial keeps them quiet (unless one is already in place)
@@ -138,11 +132,8 @@ ensure_packages() {
         die "apt-get install ${packages[*]} failed"
 }
 
-# Whether a configuration file is absent or one this script wrote (a user's own is left alone).
-ours() { [[ ! -e $1 ]] || grep -qF "$MARKER" "$1"; }
-
 write_config() {
-    local cpus mem ctld_addr=127.0.0.1 addr nodes="" name i=0 backup
+    local cpus mem ctld_addr=127.0.0.1 addr nodes="" name i=0 f
     cpus=$(nproc)
     ((cpus >= MIN_CPUS)) || cpus=$MIN_CPUS
     mem=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
@@ -154,11 +145,13 @@ write_config() {
         ((NODES > 1)) || addr=127.0.0.1
         nodes+="NodeName=$name NodeAddr=$addr CPUs=$cpus RealMemory=$mem Gres=gpu:$GPUS State=UNKNOWN"$'\n'
     done
-    if ! ours "$CONF"; then
-        backup=$CONF.bak.$(date +%Y%m%d%H%M%S)
-        log "existing $CONF was not written by this script; saved it as $backup"
-        cp -p "$CONF" "$backup"
-    fi
+    # a user's own configuration is kept aside, not lost
+    for f in "$CONF" /etc/slurm/gres.conf /etc/slurm/cgroup.conf; do
+        if [[ -e $f ]] && ! grep -qF "$MARKER" "$f"; then
+            log "existing $f was not written by this script; saving it as $f.bak.*"
+            cp -p "$f" "$f.bak.$(date +%Y%m%d%H%M%S)"
+        fi
+    done
     install -d -m 0755 /etc/slurm
     cat >"$CONF.new" <<EOF
 $MARKER
@@ -210,19 +203,15 @@ EOF
 
     # Slurm drops a GPU without a File=, so each placeholder GPU has an empty regular file as its
     # "device": nothing is bound, and CUDA sees nothing.
-    if ours /etc/slurm/gres.conf; then
-        install -d -m 0755 /var/lib/slurm-local
-        for ((i = 0; i < GPUS; i++)); do
-            : >"/var/lib/slurm-local/fake-gpu$i"
-        done
-        printf '%s\n' "$MARKER" "# placeholder GPUs: empty files, no devices behind them" >/etc/slurm/gres.conf
-        ((GPUS == 0)) || echo "Name=gpu File=/var/lib/slurm-local/fake-gpu[0-$((GPUS - 1))]" >>/etc/slurm/gres.conf
-    fi
+    install -d -m 0755 /var/lib/slurm-local
+    for ((i = 0; i < GPUS; i++)); do
+        : >"/var/lib/slurm-local/fake-gpu$i"
+    done
+    printf '%s\n' "$MARKER" "# placeholder GPUs: empty files, no devices behind them" >/etc/slurm/gres.conf
+    ((GPUS == 0)) || echo "Name=gpu File=/var/lib/slurm-local/fake-gpu[0-$((GPUS - 1))]" >>/etc/slurm/gres.conf
     # Only read by cgroup plugins, which are not loaded; it exists so that any slurm component that
     # probes for it finds a harmless answer.
-    if ours /etc/slurm/cgroup.conf; then
-        printf '%s\n' "$MARKER" ConstrainCores=no ConstrainRAMSpace=no >/etc/slurm/cgroup.conf
-    fi
+    printf '%s\n' "$MARKER" ConstrainCores=no ConstrainRAMSpace=no >/etc/slurm/cgroup.conf
 
     for name in $(node_names); do
         install -d -m 0755 "/var/spool/${SLURMD//%n/$name}"
@@ -250,7 +239,6 @@ start_munged() {
 
 start_slurmctld() {
     if pid_alive "$CTLD_PID" >/dev/null; then return 0; fi
-    pgrep -x slurmctld >/dev/null && die "a slurmctld not started by this script is running; stop it first"
     /usr/sbin/slurmctld -f "$CONF" || die "slurmctld failed to start; read $LOGS/slurmctld.log"
     local i
     for ((i = 0; i < 100; i++)); do
@@ -264,32 +252,27 @@ start_slurmds() {
     local name on=()
     for name in $(node_names); do
         pid_alive "/run/${SLURMD//%n/$name}.pid" >/dev/null && continue
-        if ((NODES > 1)); then
-            # in the host's namespaces, so that its tasks have the host's address and hostname
-            on=(bash "$HOSTS_SH" exec "$name")
-        elif pgrep -x slurmd >/dev/null; then
-            die "a slurmd not started by this script is running; stop it first"
-        fi
+        # in the host's namespaces, so that its tasks have the host's address and hostname
+        ((NODES == 1)) || on=(bash "$HOSTS_SH" exec "$name")
         "${on[@]}" /usr/sbin/slurmd -f "$CONF" -N "$name" ||
             die "slurmd on $name failed to start; read $LOGS/${SLURMD//%n/$name}.log"
     done
 }
 
 wait_usable() {
-    local name deadline=$((SECONDS + TIMEOUT)) resumed=0
+    local name deadline=$((SECONDS + TIMEOUT))
+    # a node an earlier run left down or drained is resumed
+    for name in $(node_names); do
+        if [[ $(node_state "$name") =~ ^(down|drain|fail) ]]; then
+            scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true
+        fi
+    done
     while ((SECONDS < deadline)); do
         all_usable && return 0
         # A daemon that died (bad config, port in use) will not recover;
         # report it now instead of after the full timeout.
         slurmds_running || die "slurmd exited during startup; read $LOGS/${SLURMD//%n/*}.log"
         daemon_running slurmctld "$CTLD_PID" || die "slurmctld exited during startup; read $LOGS/slurmctld.log"
-        # a node an earlier run left down or drained is resumed, once
-        for name in $(node_names); do
-            if ((!resumed)) && [[ $(node_state "$name") =~ ^(down|drain|fail) ]]; then
-                scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true
-            fi
-        done
-        resumed=1
         sleep 0.5
     done
     return 1
@@ -355,43 +338,15 @@ cmd_down() {
 }
 
 cmd_status() {
-    local ok=0 name pidfile state
     NODES=$(configured_nodes)
     NODES=${NODES:-1}
     ((NODES == 1)) || SLURMD=slurmd-%n
-    if pid_alive "$CTLD_PID" >/dev/null; then
-        sinfo || true
+    if cluster_usable; then
+        echo "usable: $(states)"
     else
-        echo "sinfo: slurmctld not running"
+        echo "not usable (states: $(states)): tools/slurm-local.sh up starts it"
+        return 1
     fi
-    for name in munged slurmctld; do
-        pidfile=$MUNGE_PID
-        [[ $name == munged ]] || pidfile=$CTLD_PID
-        if daemon_running "$name" "$pidfile"; then
-            echo "$name: running"
-        else
-            echo "$name: stopped"
-            ok=1
-        fi
-    done
-    if slurmds_running; then
-        echo "slurmd: running ($NODES node(s))"
-    else
-        echo "slurmd: stopped (on some of $NODES node(s))"
-        ok=1
-    fi
-    if ((ok == 0)); then
-        for name in $(node_names); do
-            state=$(node_state "$name")
-            if state_usable "$state"; then
-                echo "node $name: $state (usable)"
-            else
-                echo "node $name: ${state:-unknown} (not usable)"
-                ok=1
-            fi
-        done
-    fi
-    return $ok
 }
 
 case ${1:-} in
