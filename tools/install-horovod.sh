@@ -5,11 +5,9 @@
 #   [PYTHON=python] install-horovod.sh [--force] [--nccl] [--dry-run] [--offline DIR]
 #   [PYTHON=python] install-horovod.sh --fetch DIR
 #
-# Not `pip install horovod`: its last release (0.28.1) is an sdist whose CMake files pin C++14,
-# while torch's headers need C++20. We patch it, build a wheel once and cache it outside the
-# repository (HOROVOD_WHEEL_CACHE, default ~/.cache/pytorch-distributed/wheels), so later installs
-# take seconds. On a GPU machine (nvidia-smi -L lists one) the build adds NCCL, that of torch's own
-# pip wheel (nvidia-nccl-*), the one torch loads at run time.
+# Not `pip install horovod`: its last release (0.28.1) needs a patch for torch's C++20 headers.
+# The wheel is cached (HOROVOD_WHEEL_CACHE, default ~/.cache/pytorch-distributed/wheels); on a GPU
+# machine the build adds NCCL, that of torch's own wheel. docs/horovod.md explains each step.
 #
 #   --force        rebuild and reinstall even if horovod.torch imports and a cached wheel exists
 #   --nccl         build with NCCL where nvidia-smi finds no GPU (a login node); needs nvcc
@@ -29,10 +27,6 @@ WHEEL_CACHE=${HOROVOD_WHEEL_CACHE:-$HOME/.cache/pytorch-distributed/wheels}
 log() { echo "[install-horovod] $*"; }
 die() { echo "[install-horovod] ERROR: $*" >&2; exit 1; }
 usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; }
-folder_arg() {
-    (($# > 1)) || die "$1 needs a folder"
-    echo "$2"
-}
 
 FORCE=0 NCCL=0 DRY_RUN=0 FETCH="" OFFLINE=""
 while (($#)); do
@@ -41,14 +35,12 @@ while (($#)); do
         --force) FORCE=1 ;;
         --nccl) NCCL=1 ;;
         --dry-run) DRY_RUN=1 ;;
-        --fetch) FETCH=$(folder_arg "$@"); shift ;;
-        --offline) OFFLINE=$(folder_arg "$@"); shift ;;
+        --fetch) FETCH=${2:?--fetch needs a folder}; shift ;;
+        --offline) OFFLINE=${2:?--offline needs a folder}; shift ;;
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
     shift
 done
-
-command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON=$PYTHON not found"
 
 # What the build needs besides torch: Horovod's runtime deps are build deps too (setup.py imports
 # horovod for its version, which imports horovod.runner), without build isolation setuptools and
@@ -96,10 +88,8 @@ fi
 
 # NCCL ops can only run on a GPU; on a CPU-only box with a CUDA torch they would just add build
 # time and an NCCL build dependency.
-if [[ -z ${HOROVOD_GPU_OPERATIONS:-} ]]; then
-    if ((NCCL)) || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU' >/dev/null; }; then
-        export HOROVOD_GPU_OPERATIONS=NCCL
-    fi
+if [[ -z ${HOROVOD_GPU_OPERATIONS:-} ]] && { ((NCCL)) || nvidia-smi -L 2>/dev/null | grep '^GPU' >/dev/null; }; then
+    export HOROVOD_GPU_OPERATIONS=NCCL
 fi
 
 # A horovod built against another torch fails this import (undefined symbols), so a successful
@@ -116,11 +106,9 @@ fi
 # derives from the nvcc on PATH: wrong where nvcc is a wrapper script, and configuration then finds
 # no headers or libcudart. HOROVOD_CUDA_HOME names the root for Horovod (it then uses
 # <root>/bin/nvcc), CUDA_HOME for torch's own extension helpers, which Horovod queries.
-if [[ -n $TORCH_CUDA && -z ${CUDA_HOME:-} && -d /usr/local/cuda ]]; then
-    export CUDA_HOME=/usr/local/cuda
-fi
-if [[ -n $TORCH_CUDA && -z ${HOROVOD_CUDA_HOME:-} && -n ${CUDA_HOME:-} ]]; then
-    export HOROVOD_CUDA_HOME=$CUDA_HOME
+if [[ -n $TORCH_CUDA ]]; then
+    [[ -n ${CUDA_HOME:-} || ! -d /usr/local/cuda ]] || export CUDA_HOME=/usr/local/cuda
+    [[ -n ${HOROVOD_CUDA_HOME:-} || -z ${CUDA_HOME:-} ]] || export HOROVOD_CUDA_HOME=$CUDA_HOME
 fi
 
 NCCL_VERSION=""
@@ -153,7 +141,8 @@ if [[ ${HOROVOD_GPU_OPERATIONS:-} == NCCL ]]; then
     [[ -f $NCCL_HEADER ]] && NCCL_VERSION=$(awk '$1 == "#define" && $2 ~ /^NCCL_(MAJOR|MINOR|PATCH)$/ {v = v (v ? "." : "") $3} END {print v}' "$NCCL_HEADER")
 fi
 
-# Lets CMake 4 configure the gloo bundled with Horovod (see the header); older CMakes ignore it.
+# Lets CMake 4 configure the gloo bundled with Horovod, whose cmake_minimum_required(2.8.12) it
+# refuses otherwise; older CMakes ignore it.
 export CMAKE_POLICY_VERSION_MINIMUM="${CMAKE_POLICY_VERSION_MINIMUM:-3.5}"
 
 CMAKE_VERSION=$(cmake --version 2>/dev/null | awk 'NR == 1 {print $3}') || CMAKE_VERSION=""
@@ -193,9 +182,8 @@ WHEEL=$(compgen -G "$CACHE_DIR/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || tr
 if [[ -n $WHEEL && $FORCE == 0 ]]; then
     log "using cached wheel $WHEEL"
 else
-    if [[ -z $CMAKE_VERSION ]]; then
-        [[ -z $OFFLINE ]] || die "no cmake on PATH, and offline Horovod's setup.py cannot pip-install one"
-    fi
+    [[ -n $CMAKE_VERSION || -z $OFFLINE ]] ||
+        die "no cmake on PATH, and offline Horovod's setup.py cannot pip-install one"
     command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1 \
         || die "no C++ compiler found (install g++)"
 
@@ -217,7 +205,6 @@ else
             || die "expected 'set(CMAKE_CXX_STANDARD 14)' in $f of horovod $HOROVOD_VERSION; patch needs updating"
         sed -Ei 's/set\(CMAKE_CXX_STANDARD 14\)/set(CMAKE_CXX_STANDARD 20)/' "$SRC/$f"
     done
-    log "patched CMAKE_CXX_STANDARD 14 -> 20"
 
     log "building wheel (several minutes; MAKEFLAGS=$MAKEFLAGS)"
     # --no-build-isolation: the build compiles against the torch installed here, not a fresh one
