@@ -5,13 +5,9 @@
 #   tools/slurm-local.sh down            cancel jobs and stop every slurmd, slurmctld and munged
 #   tools/slurm-local.sh status          print the nodes' states; exit 0 only if it is usable
 #
-# munged, slurmctld and slurmd run as plain daemons, so that it works in containers and CI runners
-# without systemd. With --nodes N (N > 1) the nodes are the test hosts of tools/hosts.sh (made if
-# needed), one slurmd in each and slurmctld on this machine's end of their bridge, so that jobs
-# really span hosts; `up` without --nodes goes back to one node. Each node advertises
-# SLURM_LOCAL_GPUS placeholder GPUs (default 4), so that GPU job scripts (slurm/train.sbatch) are
-# accepted and run on CPU. docs/slurm-and-multinode.md shows it in use. Targets Debian 12
-# (slurm-wlm 22.05). Needs root.
+# munged, slurmctld and slurmd run as plain daemons (no systemd). With --nodes N the nodes are the
+# test hosts of tools/hosts.sh, one slurmd in each; each node advertises SLURM_LOCAL_GPUS (default
+# 4) placeholder GPUs. docs/slurm-and-multinode.md says more. Needs root; targets Debian 12.
 set -euo pipefail
 umask 022  # the daemons read what is written here as other users
 
@@ -27,9 +23,6 @@ LOGS=/var/log/slurm
 CTLD_PID=/run/slurmctld.pid
 MUNGE_PID=/run/munge/munged.pid
 NODES=1
-# The name of slurmd's pidfile, log and spool folder: one slurmd, or one per test host (%n: the
-# node's name), whose pidfiles are /run/slurmd-*.pid.
-SLURMD=slurmd
 
 usage() {
     sed -n '4,6p' "$0" | sed 's/^# \{0,1\}//' >&2
@@ -50,8 +43,6 @@ node_names() {
 # The node count of the running configuration, or nothing.
 configured_nodes() { sed -n 's/^# nodes: \([0-9]*\)$/\1/p' "$CONF" 2>/dev/null || true; }
 
-host_pidfiles() { compgen -G "/run/slurmd-*.pid" || true; }
-
 # PID from a pidfile, only if that process is alive.
 pid_alive() {
     local pid
@@ -66,16 +57,12 @@ daemon_running() {
     pid_alive "$2" >/dev/null || pgrep -x "$1" >/dev/null 2>&1
 }
 
-# Whether the slurmd of every node of the configuration runs (one slurmd writes its pidfile a moment
+# Whether the slurmd of every node of the configuration runs (a slurmd writes its pidfile a moment
 # after it starts).
 slurmds_running() {
     local name
-    if ((NODES == 1)); then
-        daemon_running slurmd /run/slurmd.pid
-        return
-    fi
     for name in $(node_names); do
-        pid_alive "/run/${SLURMD//%n/$name}.pid" >/dev/null || return 1
+        daemon_running slurmd "/run/slurmd-$name.pid" || return 1
     done
 }
 
@@ -83,12 +70,10 @@ node_state() { sinfo -h -n "$1" -o %T 2>/dev/null | head -n1 || true; }
 
 # idle/mixed/allocated/completing mean the node accepts work; a trailing
 # '*' means slurmctld has not heard from slurmd yet, so it is not usable.
-state_usable() { [[ $1 =~ ^(idle|mixed|allocated|completing)$ ]]; }
-
 all_usable() {
     local name
     for name in $(node_names); do
-        state_usable "$(node_state "$name")" || return 1
+        [[ $(node_state "$name") =~ ^(idle|mixed|allocated|completing)$ ]] || return 1
     done
 }
 
@@ -165,11 +150,11 @@ SlurmctldHost=$(hostname -s)($ctld_addr)
 SlurmUser=slurm
 SlurmdUser=root
 StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/$SLURMD
+SlurmdSpoolDir=/var/spool/slurmd-%n
 SlurmctldPidFile=$CTLD_PID
-SlurmdPidFile=/run/$SLURMD.pid
+SlurmdPidFile=/run/slurmd-%n.pid
 SlurmctldLogFile=$LOGS/slurmctld.log
-SlurmdLogFile=$LOGS/$SLURMD.log
+SlurmdLogFile=$LOGS/slurmd-%n.log
 # Containers (docker, gVisor, CI runners) rarely give a writable cgroup hierarchy, without which a
 # cgroup plugin keeps slurmd from starting: plain /proc bookkeeping and no CPU binding instead.
 ProctrackType=proctrack/linuxproc
@@ -214,7 +199,7 @@ EOF
     printf '%s\n' "$MARKER" ConstrainCores=no ConstrainRAMSpace=no >/etc/slurm/cgroup.conf
 
     for name in $(node_names); do
-        install -d -m 0755 "/var/spool/${SLURMD//%n/$name}"
+        install -d -m 0755 "/var/spool/slurmd-$name"
     done
     install -d -o slurm -g slurm -m 0755 /var/spool/slurmctld "$LOGS"
     touch "$LOGS/slurmctld.log"
@@ -237,8 +222,8 @@ start_munged() {
     die "munged is not answering; read /var/log/munge/munged.log"
 }
 
+# (cmd_up stopped any slurmctld and slurmd of this script before it starts them)
 start_slurmctld() {
-    if pid_alive "$CTLD_PID" >/dev/null; then return 0; fi
     /usr/sbin/slurmctld -f "$CONF" || die "slurmctld failed to start; read $LOGS/slurmctld.log"
     local i
     for ((i = 0; i < 100; i++)); do
@@ -251,11 +236,10 @@ start_slurmctld() {
 start_slurmds() {
     local name on=()
     for name in $(node_names); do
-        pid_alive "/run/${SLURMD//%n/$name}.pid" >/dev/null && continue
         # in the host's namespaces, so that its tasks have the host's address and hostname
         ((NODES == 1)) || on=(bash "$HOSTS_SH" exec "$name")
         "${on[@]}" /usr/sbin/slurmd -f "$CONF" -N "$name" ||
-            die "slurmd on $name failed to start; read $LOGS/${SLURMD//%n/$name}.log"
+            die "slurmd on $name failed to start; read $LOGS/slurmd-$name.log"
     done
 }
 
@@ -269,10 +253,6 @@ wait_usable() {
     done
     while ((SECONDS < deadline)); do
         all_usable && return 0
-        # A daemon that died (bad config, port in use) will not recover;
-        # report it now instead of after the full timeout.
-        slurmds_running || die "slurmd exited during startup; read $LOGS/${SLURMD//%n/*}.log"
-        daemon_running slurmctld "$CTLD_PID" || die "slurmctld exited during startup; read $LOGS/slurmctld.log"
         sleep 0.5
     done
     return 1
@@ -287,7 +267,7 @@ cmd_up() {
     fi
     # Rewriting slurm.conf under running daemons would leave them on the old view of the nodes: a
     # cluster of another size, of an older configuration or not usable is stopped first.
-    if daemon_running slurmctld "$CTLD_PID" || daemon_running slurmd /run/slurmd.pid || [[ -n $(host_pidfiles) ]]; then
+    if daemon_running slurmctld "$CTLD_PID" || pgrep -x slurmd >/dev/null; then
         log "running with another configuration or not usable (states: $(states 2>/dev/null || echo none)): restarting it"
         cmd_down
     fi
@@ -306,14 +286,14 @@ cmd_up() {
 
 # Send TERM to a pidfile's process and wait for it to go away.
 stop_pidfile() {
-    local name=$1 pidfile=$2 pid i
+    local pidfile=$1 pid i
     pid=$(pid_alive "$pidfile") || { rm -f "$pidfile"; return 0; }
     kill -TERM "$pid" 2>/dev/null || true
     for ((i = 0; i < 100; i++)); do
         kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; return 0; }
         sleep 0.1
     done
-    log "$name (pid $pid) ignored TERM for 10s; killing it"
+    log "$pidfile's process (pid $pid) ignored TERM for 10s; killing it"
     kill -KILL "$pid" 2>/dev/null || true
     rm -f "$pidfile"
 }
@@ -329,18 +309,15 @@ cmd_down() {
             sleep 0.2
         done
     fi
-    for f in /run/slurmd.pid $(host_pidfiles); do
-        stop_pidfile "slurmd ($f)" "$f"
+    for f in $(compgen -G "/run/slurmd*.pid" || true) "$CTLD_PID" "$MUNGE_PID"; do
+        stop_pidfile "$f"
     done
-    stop_pidfile slurmctld "$CTLD_PID"
-    stop_pidfile munged "$MUNGE_PID"
     log "down"
 }
 
 cmd_status() {
     NODES=$(configured_nodes)
     NODES=${NODES:-1}
-    ((NODES == 1)) || SLURMD=slurmd-%n
     if cluster_usable; then
         echo "usable: $(states)"
     else
@@ -354,7 +331,6 @@ case ${1:-} in
         [[ $# == 1 || ($# == 3 && $2 == --nodes) ]] || usage
         NODES=${3:-1}
         [[ $NODES =~ ^[1-9][0-9]?$ ]] || die "--nodes wants a number from 1 to 99, got '$NODES'"
-        ((NODES == 1)) || SLURMD=slurmd-%n
         cmd_up
         ;;
     down) cmd_down ;;
