@@ -51,6 +51,16 @@ pid_alive() {
     [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
 }
 
+# Run CMD... until it succeeds, every 0.2 s for at most SECS seconds.
+retry() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.2
+    done
+}
+
 # Falls back to an exact process-name match for daemons started by someone else (e.g. a
 # previous run whose pidfile was lost).
 daemon_running() {
@@ -214,24 +224,16 @@ start_munged() {
     rm -f /run/munge/munge.socket.2 /run/munge/munge.socket.2.lock "$MUNGE_PID"
     runuser -u munge -- /usr/sbin/munged --pid-file="$MUNGE_PID" ||
         die "munged failed to start; read /var/log/munge/munged.log"
-    local i
-    for ((i = 0; i < 50; i++)); do
-        munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    die "munged is not answering; read /var/log/munge/munged.log"
+    retry 5 munge_answers || die "munged is not answering; read /var/log/munge/munged.log"
 }
+munge_answers() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
 
 # (cmd_up stopped any slurmctld and slurmd of this script before it starts them)
 start_slurmctld() {
     /usr/sbin/slurmctld -f "$CONF" || die "slurmctld failed to start; read $LOGS/slurmctld.log"
-    local i
-    for ((i = 0; i < 100; i++)); do
-        scontrol ping 2>/dev/null | grep -q 'is UP' && return 0
-        sleep 0.2
-    done
-    die "slurmctld is not answering; read $LOGS/slurmctld.log"
+    retry 20 slurmctld_answers || die "slurmctld is not answering; read $LOGS/slurmctld.log"
 }
+slurmctld_answers() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
 
 start_slurmds() {
     local name on=()
@@ -244,18 +246,14 @@ start_slurmds() {
 }
 
 wait_usable() {
-    local name deadline=$((SECONDS + TIMEOUT))
+    local name
     # a node an earlier run left down or drained is resumed
     for name in $(node_names); do
         if [[ $(node_state "$name") =~ ^(down|drain|fail) ]]; then
             scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true
         fi
     done
-    while ((SECONDS < deadline)); do
-        all_usable && return 0
-        sleep 0.5
-    done
-    return 1
+    retry "$TIMEOUT" all_usable
 }
 
 cmd_up() {
@@ -286,34 +284,32 @@ cmd_up() {
 
 # Send TERM to a pidfile's process and wait for it to go away.
 stop_pidfile() {
-    local pidfile=$1 pid i
-    pid=$(pid_alive "$pidfile") || { rm -f "$pidfile"; return 0; }
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do
-        kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; return 0; }
-        sleep 0.1
-    done
-    log "$pidfile's process (pid $pid) ignored TERM for 10s; killing it"
-    kill -KILL "$pid" 2>/dev/null || true
+    local pidfile=$1 pid
+    if pid=$(pid_alive "$pidfile"); then
+        kill -TERM "$pid" 2>/dev/null || true
+        if ! retry 10 gone "$pid"; then
+            log "$pidfile's process (pid $pid) ignored TERM for 10s; killing it"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
     rm -f "$pidfile"
 }
+gone() { ! kill -0 "$1" 2>/dev/null; }
 
 cmd_down() {
     [[ $EUID -eq 0 ]] || die "must run as root"
-    local f i
+    local f
     if pid_alive "$CTLD_PID" >/dev/null; then
         # Cancel everyone's jobs, not only root's, so slurmd has no steps left.
         squeue -h -o %i 2>/dev/null | xargs -r scancel >/dev/null 2>&1 || true
-        for ((i = 0; i < 50; i++)); do
-            [[ -z $(squeue -h -o %i 2>/dev/null) ]] && break
-            sleep 0.2
-        done
+        retry 10 no_jobs || true
     fi
     for f in $(compgen -G "/run/slurmd*.pid" || true) "$CTLD_PID" "$MUNGE_PID"; do
         stop_pidfile "$f"
     done
     log "down"
 }
+no_jobs() { [[ -z $(squeue -h -o %i 2>/dev/null) ]]; }
 
 cmd_status() {
     NODES=$(configured_nodes)
