@@ -78,7 +78,6 @@ make_host() {
         echo "$GATEWAY $(hostname -s) $MARK: this machine"
         hosts_block "$n"
     } >"/etc/netns/$name/hosts"
-    echo "$name" >"/etc/netns/$name/hostname"
     if ! nsenter --uts="$STATE/$name.uts" true 2>/dev/null; then
         touch "$STATE/$name.uts"
         unshare --uts="$STATE/$name.uts" hostname "$name"
