@@ -12,7 +12,7 @@ NET_NET=${HOSTS_NET:-10.213.9}
 NET_TIMEOUT=${NET_TIMEOUT:-900}     # seconds any one run may take: a hang shows as a failure
 NET_VAL_IMAGES=16
 ALLREDUCE_MAX=${ALLREDUCE_MAX:-16M}  # the largest all-reduce timed per link: enough to fit its bandwidth
-BACKENDS_NET="distributed apex fsdp multiprocessing horovod slurm"
+BACKENDS_NET="distributed apex fsdp multiprocessing horovod"
 
 hosts_sh() { HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET bash "$ROOT/tools/hosts.sh" "$@"; }
 shape() { hosts_sh shape "${1/#unshaped/off}" >/dev/null 2>&1 || die "could not shape the hosts' links to $1"; }
@@ -34,7 +34,6 @@ parse_row() {
     R_ARGS=() R_WRAP=()
     case $R_BACKEND in
         distributed) R_SCRIPT=distributed.py ;;
-        slurm) R_SCRIPT=distributed_slurm_main.py ;;
         apex | fsdp | multiprocessing | horovod) R_SCRIPT=${R_BACKEND}_distributed.py ;;
         *) die "row '$row': '$R_BACKEND' does not run across hosts here (one of: ${BACKENDS_NET// /, })" ;;
     esac
@@ -49,7 +48,7 @@ parse_row() {
             [1-9]*hosts)
                 R_HOSTS=${tag%hosts}
                 [[ $R_HOSTS =~ ^[0-9]+$ ]] && ((R_HOSTS >= 2 && R_HOSTS <= 16)) || die "row '$row': '$tag' wants 2 to 16 hosts"
-                [[ $R_BACKEND != horovod && $R_BACKEND != slurm ]] || die "row '$row': $R_BACKEND runs across --hosts N only" ;;
+                [[ $R_BACKEND != horovod ]] || die "row '$row': horovod runs across --hosts N only" ;;
             onebucket)
                 [[ $R_BACKEND == distributed || $R_BACKEND == apex ]] || die "row '$row': onebucket is for torchrun's DDP rows"
                 R_WRAP=(tools/scaling_model.py one-bucket) ;;
@@ -62,7 +61,7 @@ parse_row() {
 
 # The one-process run a row is compared with: the same script and tags but those of the hosts (Mhosts,
 # onebucket), except that the launchers that all run distributed.py's DDP step (mp.spawn, horovodrun,
-# srun, and FSDP, which in one process shards nothing) share distributed.py's.
+# and FSDP, which in one process shards nothing) share distributed.py's.
 ref_of() {
     local backend=${1%%+*} tag ref
     local -a parts
@@ -133,11 +132,7 @@ run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-
         cmd=()
         while (($#)) && [[ $1 != -- ]]; do cmd+=("$1"); shift; done
         (($#)) && shift
-        if [[ ${cmd[0]} == @here ]]; then  # run on this machine (srun), not in a host
-            cmd=("${cmd[@]:1}")
-        else
-            cmd=(tools/hosts.sh exec "$(host "$h")" "${cmd[@]}")
-        fi
+        cmd=(tools/hosts.sh exec "$(host "$h")" "${cmd[@]}")
         printf '%q ' "${cmd[@]}" >>"$dir/command.txt"
         printf '\n' >>"$dir/command.txt"
         HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET setsid "${cmd[@]}" >"$dir/host$h.log" 2>&1 </dev/null &
@@ -220,9 +215,6 @@ launch_row() {  # name rate dir script-args...: the row of R_* at one rate, acro
             for ((h = 0; h < R_HOSTS; h++)); do hostlist+="${hostlist:+,}$(host "$h"):1"; done
             ALL=("$HVDRUN" -np "$R_HOSTS" -H "$hostlist" --gloo -p "$SSH_PORT" -i "$SSH_DIR/client_key" --start-timeout 120
                  "$PYTHON" "$R_SCRIPT" "$@" --output-dir "$dir") ;;
-        slurm)  # srun from this machine; slurmd in each host starts its task there
-            ALL=(@here srun --quiet --kill-on-bad-exit=1 -N "$R_HOSTS" --ntasks-per-node=1 "$PYTHON" "$R_SCRIPT" "$@"
-                 --output-dir "$dir") ;;
     esac
     # horovodrun's ssh is ours, first on PATH (not in the command line: the report shows that)
     PATH=${SSH_DIR:+$SSH_DIR/bin:}$PATH run_hosts "$name" "$rate" "$(ref_of "$name")" "$R_HOSTS" "$THREADS" "$dir" - \
@@ -262,39 +254,11 @@ horovod_teardown() {
     SSH_DIR=
 }
 
-SLURM_LOCK=/tmp/slurm-cluster.lock  # tests/test_multihost.py takes it too while the cluster has two nodes
-SLURM_HELD=0   # we hold the lock
-SLURM_MOVED=0  # we moved the cluster onto our hosts
-slurm_setup() {  # the local cluster of tools/slurm-local.sh, on our hosts, while we hold its lock
-    command -v srun >/dev/null && command -v sinfo >/dev/null || { echo "no Slurm (sinfo/srun not installed) — bash tools/slurm-local.sh up"; return 1; }
-    exec {SLURM_FD}>>"$SLURM_LOCK"
-    flock -w 300 "$SLURM_FD" || { echo "$SLURM_LOCK held by another user for 300 s"; return 1; }
-    SLURM_HELD=1
-    # under the lock: no one else has the cluster on hosts of theirs, so it is the one-node cluster or none
-    bash "$ROOT/tools/slurm-local.sh" status >/dev/null 2>&1 || { echo "no local Slurm cluster running — bash tools/slurm-local.sh up"; return 1; }
-    SLURM_MOVED=1
-    HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET bash "$ROOT/tools/slurm-local.sh" up --nodes "$NHOSTS" \
-        >"$RUNS/slurm-up.log" 2>&1 || { echo "tools/slurm-local.sh up --nodes $NHOSTS failed: see $RUNS/slurm-up.log"; return 1; }
-}
-
-slurm_teardown() {  # back to the one-node cluster, for whoever uses it next
-    if ((SLURM_MOVED)); then
-        bash "$ROOT/tools/slurm-local.sh" up >>"$RUNS/slurm-up.log" 2>&1 ||
-            echo "$PROG: warning: tools/slurm-local.sh up (back to one node) failed: see $RUNS/slurm-up.log" >&2
-        SLURM_MOVED=0
-    fi
-    if ((SLURM_HELD)); then
-        flock -u "$SLURM_FD"
-        SLURM_HELD=0
-    fi
-}
-
 # ---- the benchmark ----
 NET_MADE_HOSTS=0
 net_cleanup() {
     kill_run
     horovod_teardown
-    slurm_teardown
     if [[ -n ${NET_UP:-} ]]; then
         hosts_sh shape off >/dev/null 2>&1 || true
         ((NET_MADE_HOSTS)) && hosts_sh down >/dev/null 2>&1 || true
@@ -398,7 +362,7 @@ network_benchmark() {
             --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" "${R_ARGS[@]}" --output-dir "$RUNS/1host/$ref"
     done
 
-    # 4. every row at every rate, row by row (a backend's set-up, sshd or the Slurm cluster, is made once)
+    # 4. every row at every rate, row by row (a backend's set-up, sshd in the hosts, is made once)
     for row in ${ROWS//,/ }; do
         parse_row "$row"
         row_setup
@@ -414,7 +378,6 @@ network_benchmark() {
                 -j "$WORKERS" --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" --dist-timeout 300 "${R_ARGS[@]}"
         done
         [[ $R_BACKEND == horovod ]] && horovod_teardown
-        [[ $R_BACKEND == slurm ]] && slurm_teardown
     done
 
     WALL=$((SECONDS - T0))
@@ -431,7 +394,7 @@ network_benchmark() {
 }
 
 # WHY: why the row of R_* cannot run, or nothing once its backend is set up (sshd in the hosts for
-# Horovod, the Slurm cluster on them). Not to be called in a subshell: it sets SSH_DIR, takes a lock.
+# Horovod). Not to be called in a subshell: it sets SSH_DIR.
 row_setup() {
     WHY=$(missing_options "$R_SCRIPT" "${R_ARGS[@]}")
     [[ -n $WHY ]] && WHY="$R_SCRIPT has no $WHY (yet)"
@@ -446,8 +409,5 @@ row_setup() {
             WHY="horovod: could not start sshd in the hosts: $(tail -n 1 "$RUNS/horovod-setup.log")"
             horovod_teardown
         fi
-    elif [[ -z $WHY && $R_BACKEND == slurm ]] && ! slurm_setup >"$RUNS/slurm-setup.log" 2>&1; then
-        WHY="slurm: $(tail -n 1 "$RUNS/slurm-setup.log")"
-        slurm_teardown
     fi
 }
