@@ -1,11 +1,9 @@
 # netbench.sh: the network benchmark of start.sh (bash start.sh --hosts N --link RATES; docs/benchmark.md),
 # sourced by start.sh after its configuration. Each process runs in a test host of tools/hosts.sh (a network
-# namespace) whose eth0 is shaped with tc to the rate under test. In order: one process's compute
-# (tools/scaling_model.py profile); per rate the link (tools/allreduce_bench.py, from 2 to the most hosts a row
-# uses); each row once in one process (one host), the same work per process; each row at each rate.
+# namespace) whose eth0 is shaped with tc to the rate under test; network_benchmark lists the steps.
 #
 # Uses from start.sh: PROG ROOT PYTHON TORCHRUN RESULTS ARCH IMAGE_SIZE BATCH WORKERS PRINT_FREQ CORES
-# CMDLINE FAILED IS_TTY, die, progress_text, and NHOSTS LINKS ROWS STEPS set by its options.
+# CMDLINE FAILED IS_TTY, die, progress_text, record (to MANIFEST), and NHOSTS LINKS ROWS STEPS set by its options.
 
 NET_PREFIX=${HOSTS_PREFIX:-nb}      # our own set of hosts, apart from the tests' node0, node1, ...
 NET_NET=${HOSTS_NET:-10.213.9}
@@ -18,12 +16,7 @@ hosts_sh() { HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET bash "$ROOT/tools/hosts
 shape() { hosts_sh shape "${1/#unshaped/off}" >/dev/null 2>&1 || die "could not shape the hosts' links to $1"; }
 host() { echo "$NET_PREFIX$1"; }
 
-# ---- rows: BACKEND[+TAG...] ----
-# TAG: bf16 or fp16 (--grad-compression TAG); accumK (--gradient-accumulation-steps K, global batch x K,
-# so that each process's micro-batch stays the same and only the communication per image changes);
-# SIZEpx (--image-size SIZE: more compute per step); Mhosts (across M hosts instead of N, one process
-# each, the same micro-batch per process); onebucket (DDP's gradients in one bucket, all-reduced after
-# the backward pass: the row's no-overlap baseline); or a script option as one word (+--amp=bf16).
+# ---- rows: BACKEND[+TAG...], the tags as docs/benchmark.md lists them ----
 # Sets R_BACKEND, R_SCRIPT, R_K, R_SIZE, R_HOSTS, R_WRAP and R_ARGS (arrays).
 parse_row() {
     local row=$1 tag
@@ -73,19 +66,19 @@ ref_of() {
     echo "$ref"
 }
 
-# The options of R_ARGS that R_SCRIPT does not have (its --help, read once per script), or nothing.
-HELP_DIR=
+# The options of R_ARGS that R_SCRIPT does not have (its --help, read once per script into the runs'
+# folder: this runs in subshells), or nothing.
 missing_options() {
-    local script=$1 word opt missing=""
+    local script=$1 word opt missing="" help=$RUNS/options-of-$1
     shift
     (($#)) || return 0  # no options to look for: no need to start the script
-    if [[ ! -e $HELP_DIR/$script ]]; then  # its options, one a line
-        "$PYTHON" "$ROOT/$script" --help 2>&1 | grep -oE -- '--?[A-Za-z0-9][A-Za-z0-9_-]*' >"$HELP_DIR/$script" || true
+    if [[ ! -e $help ]]; then  # its options, one a line
+        "$PYTHON" "$ROOT/$script" --help 2>&1 | grep -oE -- '--?[A-Za-z0-9][A-Za-z0-9_-]*' >"$help" || true
     fi
     for word in "$@"; do
         [[ $word == -* ]] || continue
         opt=${word%%=*}
-        grep -qxF -- "$opt" "$HELP_DIR/$script" || missing+="${missing:+ }$opt"
+        grep -qxF -- "$opt" "$help" || missing+="${missing:+ }$opt"
     done
     echo "$missing"
 }
@@ -165,52 +158,46 @@ run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-
     if ((rc == 0)) && [[ -s $result ]]; then
         text=$(progress_text "$label" "$dir/host0.log" "$start")
         if ((IS_TTY)) || [[ ${text% *} != "${last% *}" ]]; then echo "$text"; fi
-        net_record "$name" "$rate" "$ref" ok "$procs" "$threads" "$rc" "$wall" "$cmdtext"
+        record "$name" "$rate" "$ref" ok "$procs" "$threads" "$rc" "$wall" "$cmdtext"
     else
         ((rc == 124)) && echo "$label: TIMED OUT after ${NET_TIMEOUT}s (NET_TIMEOUT)" ||
             echo "$label: FAILED with exit status $rc after ${wall}s; last lines of $dir/host*.log:"
         for f in "$dir"/host*.log; do tail -n 8 "$f" | sed "s|^|    ${f##*/}: |"; done
-        net_record "$name" "$rate" "$ref" failed "$procs" "$threads" "$rc" "$wall" "$cmdtext"
+        record "$name" "$rate" "$ref" failed "$procs" "$threads" "$rc" "$wall" "$cmdtext"
         FAILED=1
     fi
 }
 
-net_record() {  # row rate reference status procs threads rc wall command-or-reason
-    local IFS=$'\t'
-    echo "$*" >>"$MANIFEST"
-}
-
 net_skip() {  # row rate reason
     printf '%-34s not run: %s\n' "$1 @ $2" "$3"
-    net_record "$1" "$2" - skipped - - - - "$3"
+    record "$1" "$2" - skipped - - - - "$3"
 }
 
 # ---- the rows' launchers across the hosts ----
-torchrun_all() {  # hosts port command...: torchrun on every host, static rendezvous at host 0 by name
-    local n=$1 port=$2 h
-    shift 2
+each_host() {  # hosts word...: ALL, the command for each host in turn, @H in a word its index
+    local n=$1 h word
+    shift
     ALL=()
     for ((h = 0; h < n; h++)); do
         ((h > 0)) && ALL+=(--)
-        ALL+=("$TORCHRUN" --nnodes="$n" --nproc_per_node=1 --node-rank="$h" --master-addr="$(host 0)"
-              --master-port="$port" "$@")
+        for word in "$@"; do ALL+=("${word//@H/$h}"); done
     done
 }
 
+torchrun_all() {  # hosts port command...: torchrun on every host, static rendezvous at host 0 by name
+    each_host "$1" "$TORCHRUN" --nnodes="$1" --nproc_per_node=1 --node-rank=@H --master-addr="$(host 0)" \
+        --master-port="$2" "${@:3}"
+}
+
 launch_row() {  # name rate dir script-args...: the row of R_* at one rate, across R_HOSTS hosts
-    local name=$1 rate=$2 dir=$3 h port hostlist=""
+    local name=$1 rate=$2 dir=$3 h hostlist=""
     shift 3
     case $R_BACKEND in
         distributed | apex | fsdp)
             torchrun_all "$R_HOSTS" $((NET_PORT++)) "${R_WRAP[@]}" "$R_SCRIPT" "$@" --output-dir "$dir" ;;
         multiprocessing)  # the script on every host, node rank --rank, rendezvous at host 0
-            port=$((NET_PORT++))
-            ALL=()
-            for ((h = 0; h < R_HOSTS; h++)); do
-                ((h > 0)) && ALL+=(--)
-                ALL+=("$PYTHON" "$R_SCRIPT" --world-size "$R_HOSTS" --rank "$h" --nprocs 1 --dist-url "tcp://$(host 0):$port"
-                      "$@" --output-dir "$dir")
-            done ;;
+            each_host "$R_HOSTS" "$PYTHON" "$R_SCRIPT" --world-size "$R_HOSTS" --rank @H --nprocs 1 \
+                --dist-url "tcp://$(host 0):$((NET_PORT++))" "$@" --output-dir "$dir" ;;
         horovod)  # horovodrun on host 0, which starts the other hosts' ranks through ssh
             for ((h = 0; h < R_HOSTS; h++)); do hostlist+="${hostlist:+,}$(host "$h"):1"; done
             ALL=("$HVDRUN" -np "$R_HOSTS" -H "$hostlist" --gloo -p "$SSH_PORT" -i "$SSH_DIR/client_key" --start-timeout 120
@@ -263,8 +250,6 @@ net_cleanup() {
         hosts_sh shape off >/dev/null 2>&1 || true
         ((NET_MADE_HOSTS)) && hosts_sh down >/dev/null 2>&1 || true
     fi
-    [[ -n $HELP_DIR ]] && rm -rf -- "$HELP_DIR"
-    HELP_DIR=
 }
 
 net_on_signal() {
@@ -295,7 +280,6 @@ network_benchmark() {
     : >"$MANIFEST"
     trap net_on_signal INT TERM
     trap net_cleanup EXIT
-    HELP_DIR=$(mktemp -d)  # made here: missing_options runs in subshells
 
     hosts_sh status >/dev/null 2>&1 || NET_MADE_HOSTS=1
     hosts_sh up "$most" 2>&1 | sed "s/^/$PROG: /"
@@ -343,15 +327,15 @@ network_benchmark() {
 
     # 3. each row alone in one process (one host): the work per process of the runs across hosts
     local -A ref_done=()
-    local ref missing gb
+    local ref gb
     for row in ${ROWS//,/ }; do
         ref=$(ref_of "$row")
         [[ -n ${ref_done[$ref]:-} ]] && continue
         ref_done[$ref]=1
         parse_row "$ref"
-        missing=$(missing_options "$R_SCRIPT" "${R_ARGS[@]}")
-        if [[ -n $missing ]]; then
-            net_skip "$ref" "1 host" "$R_SCRIPT has no $missing (yet)"
+        row_setup  # a reference is distributed.py's or apex's: its options only are checked
+        if [[ -n $WHY ]]; then
+            net_skip "$ref" "1 host" "$WHY"
             continue
         fi
         gb=$((micro * R_K))
