@@ -113,6 +113,7 @@ NET_PORT=29400
 run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-- command-for-host-1 ...]
     # result: the file a run that worked leaves (- for DIR/metrics.jsonl)
     local name=$1 rate=$2 ref=$3 procs=$4 threads=$5 dir=$6 result=$7 start=$SECONDS rc=0 h text last="" label
+    local cmdtext="" one status=ok  # cmdtext: the commands, '; ' between them
     shift 8
     [[ $result == - ]] && result=$dir/metrics.jsonl
     local -a cmd
@@ -120,14 +121,13 @@ run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-
     NET_TAG=$dir
     NET_PIDS=()
     h=0
-    : >"$dir/command.txt"
     while (($#)); do
         cmd=()
         while (($#)) && [[ $1 != -- ]]; do cmd+=("$1"); shift; done
         (($#)) && shift
         cmd=(tools/hosts.sh exec "$(host "$h")" "${cmd[@]}")
-        printf '%q ' "${cmd[@]}" >>"$dir/command.txt"
-        printf '\n' >>"$dir/command.txt"
+        printf -v one '%q ' "${cmd[@]}"
+        cmdtext="${cmdtext:+${cmdtext% }; }$one"
         HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET setsid "${cmd[@]}" >"$dir/host$h.log" 2>&1 </dev/null &
         NET_PIDS+=($!)
         h=$((h + 1))
@@ -153,19 +153,16 @@ run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-
     NET_TAG=
     local wall=$((SECONDS - start))
     ((IS_TTY)) && printf '\r\033[K'
-    local cmdtext
-    cmdtext=$(paste -sd';' "$dir/command.txt" | sed 's/ *;/; /g; s/; $//')
     if ((rc == 0)) && [[ -s $result ]]; then
         text=$(progress_text "$label" "$dir/host0.log" "$start")
         if ((IS_TTY)) || [[ ${text% *} != "${last% *}" ]]; then echo "$text"; fi
-        record "$name" "$rate" "$ref" ok "$procs" "$threads" "$rc" "$wall" "$cmdtext"
     else
         ((rc == 124)) && echo "$label: TIMED OUT after ${NET_TIMEOUT}s (NET_TIMEOUT)" ||
             echo "$label: FAILED with exit status $rc after ${wall}s; last lines of $dir/host*.log:"
         for f in "$dir"/host*.log; do tail -n 8 "$f" | sed "s|^|    ${f##*/}: |"; done
-        record "$name" "$rate" "$ref" failed "$procs" "$threads" "$rc" "$wall" "$cmdtext"
-        FAILED=1
+        status=failed FAILED=1
     fi
+    record "$name" "$rate" "$ref" "$status" "$procs" "$threads" "$rc" "$wall" "$cmdtext"
 }
 
 net_skip() {  # row rate reason
