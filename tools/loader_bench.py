@@ -78,11 +78,9 @@ def scripts_transform(size, train):
     counter = iter(range(1 << 62))
 
     def apply(image):
-        state = torch.default_generator.get_state()
-        torch.default_generator.manual_seed(next(counter))
-        image = tf(image)
-        torch.default_generator.set_state(state)
-        return image
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(next(counter))
+            return tf(image)
 
     return apply
 
