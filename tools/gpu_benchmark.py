@@ -17,6 +17,7 @@ import argparse
 import importlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -105,8 +106,6 @@ def synchronize(device):
 def peak_memory_mb(device):
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

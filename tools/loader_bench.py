@@ -23,7 +23,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,7 +128,7 @@ def main(argv=None):
         except ImportError as e:
             skipped[name] = f"not installed ({e.name}): pip install {e.name}"
     files = {split: sample_files(args.data, split, args.images) for split, _ in splits}
-    sizes = [os.path.getsize(f) for fs in files.values() for f in fs]
+    mean_kb = statistics.mean(os.path.getsize(f) for fs in files.values() for f in fs) / 1000
     for split, train in splits:  # warm-up: files into the page cache, allocators and kernels warm
         for fns in paths.values():
             time_path(fns[train], files[split][:20])
@@ -144,7 +143,7 @@ def main(argv=None):
         return 0
     print(
         f"# loader_bench.py: {args.data}, {sum(len(f) for f in files.values())} files "
-        f"(mean {np.mean(sizes) / 1000:.0f} KB), {args.image_size} px, median of {args.rounds} "
+        f"(mean {mean_kb:.0f} KB), {args.image_size} px, median of {args.rounds} "
         f"rounds, 1 thread, torch {torch.__version__}"
     )
     print("| path | train img/s per core | val img/s per core | train vs pil | val vs pil |")
