@@ -10,7 +10,11 @@ largest figure over the ranks.
 """
 
 import argparse
+import contextlib
 import datetime
+import gc
+import importlib
+import io
 import json
 import os
 import resource
@@ -61,11 +65,6 @@ def worker(a):
     import torch  # noqa: F401  (the baseline: what every process pays before any model)
 
     marks = dict(rss_torch=rss())  # RSS at each stage, bytes
-    import contextlib
-    import gc
-    import importlib
-    import io
-
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
