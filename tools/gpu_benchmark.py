@@ -215,8 +215,7 @@ def write_report(args, argv, name, measured, results):
         if a in ok and b in ok:
             lines.append(f"- {what}: {ok[a] / ok[b]:.2f}x")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    report.write_lines(args.out, lines)
     print("\n".join(lines))
 
 
