@@ -51,14 +51,12 @@ def build(arch):
     model = models.get_model(
         arch, num_classes=CLASSES, **({"image_size": SIZE} if arch.startswith("vit") else {})
     )
-    for (
-        m
-    ) in model.modules():  # dropout, stochastic depth: random masks, drawn apart in each process
+    # dropout, stochastic depth: random masks, drawn apart in each process
+    for m in model.modules():
         if isinstance(getattr(m, "p", None), float):
             m.p = 0.0
-    for p in (
-        model.parameters()
-    ):  # vit's head starts at zero, which would leave every gradient before it zero
+    # vit's head starts at zero, which would leave every gradient before it zero
+    for p in model.parameters():
         if not p.any():
             nn.init.normal_(p, std=0.02)
     return model

@@ -431,10 +431,8 @@ def test_start_sh_gpu_mode_keeps_every_gpu_visible_and_feeds_dataparallel_from_a
         "fsdp",
         "srun",
     }, commands
-    for (
-        name,
-        c,
-    ) in commands.items():  # nvidia-smi's GPU numbers are CUDA's, and every process sees every GPU
+    # nvidia-smi's GPU numbers are CUDA's, and every process sees every GPU
+    for name, c in commands.items():
         assert (c["order"], c["visible"]) == ("PCI_BUS_ID", "0,1,2,3"), (name, c)
     # 32 cores, 4 GPUs: 8 loader workers per training process; DataParallel's one process feeds all
     # four GPUs
