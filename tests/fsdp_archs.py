@@ -51,14 +51,12 @@ def build(arch):
     model = models.get_model(
         arch, num_classes=CLASSES, **({"image_size": SIZE} if arch.startswith("vit") else {})
     )
-    for (
-        m
-    ) in model.modules():  # dropout, stochastic depth: random masks, drawn apart in each process
+    # dropout, stochastic depth: random masks, drawn apart in each process
+    for m in model.modules():
         if isinstance(getattr(m, "p", None), float):
             m.p = 0.0
-    for p in (
-        model.parameters()
-    ):  # vit's head starts at zero, which would leave every gradient before it zero
+    # vit's head starts at zero, which would leave every gradient before it zero
+    for p in model.parameters():
         if not p.any():
             nn.init.normal_(p, std=0.02)
     return model
@@ -79,9 +77,8 @@ def groups(model):
 
     for name, m in model.named_modules():
         if isinstance(m, FSDPModule):
-            group = found.setdefault(
-                id(m._get_fsdp_state()), [[], 0, True]
-            )  # one state per fully_shard call
+            # one state per fully_shard call
+            group = found.setdefault(id(m._get_fsdp_state()), [[], 0, True])
             size, direct = own(m), sum(p.numel() for p in m.parameters(recurse=False))
             group[0].append(name)
             group[1] += size
@@ -132,9 +129,8 @@ def run(script, args, arch, model, device, rank, world, out_dir):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         model, optimizer = script.distribute(model, optimizer, args, device)
-    g = torch.Generator().manual_seed(
-        1
-    )  # the same images in every process: process r takes the r-th share
+    # the same images in every process: process r takes the r-th share
+    g = torch.Generator().manual_seed(1)
     images, targets = (
         torch.randn(world, PER_PROCESS, 3, SIZE, SIZE, generator=g),
         torch.randint(0, CLASSES, (world, PER_PROCESS), generator=g),
@@ -157,9 +153,8 @@ def run(script, args, arch, model, device, rank, world, out_dir):
         weight_dtypes=sorted({str(v.dtype) for v in weights.values() if v.is_floating_point()}),
     )
     names = [name for name, _ in plain.named_parameters()]
-    momentum = {
-        names[i]: s["momentum_buffer"] for i, s in optimizer_state["state"].items()
-    }  # the gradients
+    # the gradients
+    momentum = {names[i]: s["momentum_buffer"] for i, s in optimizer_state["state"].items()}
     row.update(
         momentum_like_params=list(momentum) == names
         and all(momentum[n].shape == p.shape for n, p in plain.named_parameters()),
@@ -168,11 +163,10 @@ def run(script, args, arch, model, device, rank, world, out_dir):
             for t in [*weights.values(), *momentum.values()]
             if t.is_floating_point()
         ),
-        gradient=[momentum[n].abs().max().item() for n in names],
-    )  # the largest of each
-    if (
-        args.amp == "off"
-    ):  # the same step unsharded: the mean of the shares' losses, the mean of their gradients
+        gradient=[momentum[n].abs().max().item() for n in names],  # the largest of each
+    )
+    if args.amp == "off":
+        # the same step unsharded: the mean of the shares' losses, the mean of their gradients
         plain_optimizer = script.build_optimizer(plain, args, device)
         plain.train()
         losses = [

@@ -73,9 +73,8 @@ def test_warmup_rates_follow_the_formula_and_survive_a_stop_and_resume(tiny_data
     assert all(rates(straight)[k] == pytest.approx(v, rel=1e-5) for k, v in expected.items()), (
         straight
     )
-    assert rates(straight)[(0, 8)] == pytest.approx(
-        0.2 / 9
-    )  # near 0 at first, the full rate from step 3 of epoch 1
+    # near 0 at first, the full rate from step 3 of epoch 1
+    assert rates(straight)[(0, 8)] == pytest.approx(0.2 / 9)
 
     out = str(tmp_path / "stopped")
     rc, first = stop_one_rank(
@@ -114,17 +113,12 @@ ROUNDOFF = {
 @pytest.mark.parametrize(
     "launcher,name,compressions",
     [
-        (
-            "torchrun",
-            "distributed.py",
-            ["fp16", "bf16"],
-        ),  # DDP's communication hooks: every DDP script's distribute()
-        (
-            "horovodrun",
-            "horovod_distributed.py",
-            ["fp16"],
-        ),  # Horovod's compression (it has no bf16 all-reduce)
-        ("torchrun", "fsdp_distributed.py", ["fp16", "bf16"]),  # FSDP's reduce-scatter dtype
+        # DDP's communication hooks: every DDP script's distribute()
+        ("torchrun", "distributed.py", ["fp16", "bf16"]),
+        # Horovod's compression (it has no bf16 all-reduce)
+        ("horovodrun", "horovod_distributed.py", ["fp16"]),
+        # FSDP's reduce-scatter dtype
+        ("torchrun", "fsdp_distributed.py", ["fp16", "bf16"]),
     ],
 )
 def test_compressed_gradients_are_the_average_to_the_types_precision(
@@ -162,11 +156,8 @@ def test_compressed_gradients_are_the_average_to_the_types_precision(
     "launcher,name,extra",
     [
         ("torchrun", "distributed.py", ["--grad-compression", "bf16"]),
-        (
-            "horovodrun",
-            "horovod_distributed.py",
-            ["--fp16-allreduce"],
-        ),  # the older flag: --grad-compression fp16
+        # the older flag: --grad-compression fp16
+        ("horovodrun", "horovod_distributed.py", ["--fp16-allreduce"]),
         ("torchrun", "fsdp_distributed.py", ["--grad-compression", "bf16"]),
     ],
 )

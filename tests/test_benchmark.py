@@ -93,9 +93,8 @@ def test_start_sh_times_each_backend_and_lists_the_ones_it_could_not_run(tiny_da
         and float(rows["distributed"]["images_per_s"]) > 0
     )
     assert rows["distributed"]["processes"] == "2"
-    assert (
-        rows["fsdp"]["status"] == "ok" and rows["fsdp"]["processes"] == "2"
-    )  # FSDP2, torchrun like distributed
+    # FSDP2, torchrun like distributed
+    assert rows["fsdp"]["status"] == "ok" and rows["fsdp"]["processes"] == "2"
     assert float(rows["fsdp"]["images_per_s"]) > 0
     assert (
         rows["horovod"]["status"] == "skipped" and "install-horovod.sh" in rows["horovod"]["note"]
@@ -236,17 +235,15 @@ def test_mfu_is_model_flops_per_second_over_the_peak(tmp_path):
         rows[1]["train_tflops"] == pytest.approx(25 * flops / 1e12) and rows[1]["mfu_pct"] is None
     )
     assert rows[2]["train_tflops"] is None and rows[2]["mfu_pct"] is None
-    benchmark_report.add_mfu(
-        rows, flops, peak_tflops=2.5, gpu_names={}
-    )  # PEAK_TFLOPS wins everywhere
+    # PEAK_TFLOPS wins everywhere
+    benchmark_report.add_mfu(rows, flops, peak_tflops=2.5, gpu_names={})
     assert rows[0]["mfu_pct"] == pytest.approx(100 * 3000 * flops / 2.5e12)
     assert rows[1]["mfu_pct"] == pytest.approx(100 * 25 * flops / 2.5e12)
     rows = benchmark_report.add_mfu(
         [dict(gpus="3", images_per_s=1.0)], flops, gpu_names={"3": "NVIDIA H100 NVL"}
     )
-    assert (
-        rows[0]["mfu_pct"] is None and "H100 NVL" in rows[0]["peak_source"]
-    )  # not in the table: no guess
+    # not in the table: no guess
+    assert rows[0]["mfu_pct"] is None and "H100 NVL" in rows[0]["peak_source"]
     peak = benchmark_report.gpu_peak_tflops
     assert (
         peak("NVIDIA H100 PCIe"),
@@ -431,10 +428,8 @@ def test_start_sh_gpu_mode_keeps_every_gpu_visible_and_feeds_dataparallel_from_a
         "fsdp",
         "srun",
     }, commands
-    for (
-        name,
-        c,
-    ) in commands.items():  # nvidia-smi's GPU numbers are CUDA's, and every process sees every GPU
+    # nvidia-smi's GPU numbers are CUDA's, and every process sees every GPU
+    for name, c in commands.items():
         assert (c["order"], c["visible"]) == ("PCI_BUS_ID", "0,1,2,3"), (name, c)
     # 32 cores, 4 GPUs: 8 loader workers per training process; DataParallel's one process feeds all
     # four GPUs

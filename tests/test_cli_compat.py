@@ -74,15 +74,13 @@ def test_defaults_are_imagenet_recipe_on_real_data_and_demo_settings_on_demo_dat
         args.weight_decay,
         args.workers,
     ) == (256, 90, 0.1, 30, 1e-4, 8)
-    monkeypatch.setattr(
-        os, "sched_getaffinity", lambda pid: set(range(12))
-    )  # 12 cores for 4 processes
+    # 12 cores for 4 processes
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)))
     args = parse(ddp, "--data", str(real), *out)
     ddp.check_args(args, 8)
     assert args.workers == 3
-    monkeypatch.delenv(
-        "LOCAL_WORLD_SIZE"
-    )  # no launcher variable: one process per GPU, 2 GPUs (mock)
+    # no launcher variable: one process per GPU, 2 GPUs (mock)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     args = parse(ddp, "--data", str(real), *out)
     ddp.check_args(args, 4)
@@ -96,9 +94,8 @@ def test_defaults_are_imagenet_recipe_on_real_data_and_demo_settings_on_demo_dat
             0.1 * 32 / 256,
             2,
         ), demo
-    args = parse(
-        ddp, "--data", str(real), "-b", "512", "--epochs", "5", "-j", "1", *out
-    )  # flags win
+    # flags win
+    args = parse(ddp, "--data", str(real), "-b", "512", "--epochs", "5", "-j", "1", *out)
     ddp.check_args(args, 8)
     assert (args.batch_size, args.epochs, args.lr, args.workers) == (512, 5, 0.2, 1)
 
@@ -159,9 +156,8 @@ def test_positional_data_and_start_epoch_and_first_line_settings(examples_style_
 def test_fp32_checkpoint_resumes_with_fp16_grad_scaler(examples_style_run, tiny_data, tmp_path):
     out, _ = examples_style_run
     ckpt = os.path.join(out, "checkpoint.pth.tar")
-    assert (
-        torch.load(ckpt, weights_only=True)["scaler"] == {}
-    )  # written without fp16: an empty scaler state
+    # written without fp16: an empty scaler state
+    assert torch.load(ckpt, weights_only=True)["scaler"] == {}
     p = run(
         [
             PY,
@@ -252,12 +248,10 @@ def test_pytorch_examples_checkpoint_loads_with_its_class_count_from_the_weights
     )
     assert "start epoch 1" in p.stdout
     row = metrics(str(tmp_path / "o"))[-1]
-    assert row["val_acc1"] == pytest.approx(
-        100 * 14 / 101
-    )  # every image called class 3, which has 14 of 101
-    assert (
-        row["val_loss"] > 500
-    )  # the others' loss is ~1000: the checkpoint's weights, not fresh ones
+    # every image called class 3, which has 14 of 101
+    assert row["val_acc1"] == pytest.approx(100 * 14 / 101)
+    # the others' loss is ~1000: the checkpoint's weights, not fresh ones
+    assert row["val_loss"] > 500
 
 
 # ---- horovod_distributed.py --sync-bn: Horovod's SyncBatchNorm ----
@@ -404,9 +398,8 @@ def test_torchrun_summary_names_the_failed_ranks_exception(tmp_path):
         timeout=120,
     )
     assert p.returncode != 0
-    summary = p.stderr[
-        p.stderr.index("Root Cause") :
-    ]  # torchrun's summary, after the ranks' own output
+    # torchrun's summary, after the ranks' own output
+    summary = p.stderr[p.stderr.index("Root Cause") :]
     assert "ValueError: injected failure in rank" in summary, p.stderr[-3000:]
 
 
@@ -458,10 +451,8 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(ddp, tmp_path, mon
         f"cannot write {tmp_path / 'checkpoint.pth.tar'}: No space left on device "
         "(the previous one is kept)"
     )
-    assert sorted(os.listdir(tmp_path)) == [
-        "checkpoint.pth.tar",
-        "model_best.pth.tar",
-    ]  # no temporary file
+    # no temporary file
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.pth.tar", "model_best.pth.tar"]
     assert torch.load(tmp_path / "checkpoint.pth.tar", weights_only=True)["epoch"] == 1
 
 

@@ -103,9 +103,8 @@ def test_a_million_image_list_stays_small_in_the_process_and_its_loader_workers(
     before = {pid: memory_kb(pid) for pid in pids}
     for epoch in range(2):
         total = sum(it) if epoch == 0 else sum(iter(loader))
-    assert (
-        worker_pids(loader._iterator) == pids
-    )  # persistent: the same processes for the second epoch
+    # persistent: the same processes for the second epoch
+    assert worker_pids(loader._iterator) == pids
     after = {pid: memory_kb(pid) for pid in pids}
     expected = sum(len(images.path(i)) for i in range(len(images)))
     assert total == expected  # the second epoch read every path once
@@ -169,9 +168,8 @@ def test_index_beside_the_data_is_read_and_never_stale(tiny_data, tmp_path, monk
     train = os.path.join(data, "train")
     listed, where, _ = distributed.list_images(train)
     assert where is None and len(listed["targets"]) == 48
-    assert not os.path.exists(
-        os.path.join(data, ".image-lists")
-    )  # a training process writes no index
+    # a training process writes no index
+    assert not os.path.exists(os.path.join(data, ".image-lists"))
     path, _ = index_images.index(train)
     assert os.listdir(os.path.join(data, ".image-lists")) == [os.path.basename(path)]
     again, where, _ = distributed.list_images(train)
@@ -247,9 +245,8 @@ def test_an_image_changed_below_a_class_folder_makes_the_index_untrusted(
         and f"{extra} changed: run tools/index_images.py" in why
     )
     index_images.index(train)
-    os.remove(
-        os.path.join(extra, "a.JPEG")
-    )  # with the index read, the run would fail on it: "No such file"
+    # with the index read, the run would fail on it: "No such file"
+    os.remove(os.path.join(extra, "a.JPEG"))
     p = run(
         [
             PY,
@@ -325,9 +322,8 @@ def ImagePaths(samples):
 def test_index_of_read_only_data_goes_to_the_user_cache(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
     data = copy_data(tiny_data, tmp_path / "d")
-    (tmp_path / "d" / ".image-lists").write_text(
-        ""
-    )  # a file where the folder would go: writing there fails
+    # a file where the folder would go: writing there fails
+    (tmp_path / "d" / ".image-lists").write_text("")
     path, samples = index_images.index(os.path.join(data, "val"))
     assert len(samples["targets"]) == 101
     home = str(tmp_path / "home-cache" / "pytorch-distributed")
@@ -358,15 +354,12 @@ def test_several_jobs_indexing_at_once(tiny_data, tmp_path, monkeypatch):
         p.join(timeout=60)
     assert [p.exitcode for p in procs] == [0] * 6
     assert len({(r[1], tuple(r[2])) for r in results}) == 1  # all six have the same list
-    assert (
-        len(os.listdir(os.path.join(data, ".image-lists"))) == 1
-    )  # one index; the last rename won
-    assert not any(
-        ".tmp-" in n for n in os.listdir(os.path.join(data, ".image-lists"))
-    )  # no leftovers
-    assert (
-        distributed.list_images(os.path.join(data, "train"))[1] is not None
-    )  # the file left is whole
+    # one index; the last rename won
+    assert len(os.listdir(os.path.join(data, ".image-lists"))) == 1
+    # no leftovers
+    assert not any(".tmp-" in n for n in os.listdir(os.path.join(data, ".image-lists")))
+    # the file left is whole
+    assert distributed.list_images(os.path.join(data, "train"))[1] is not None
 
 
 def test_index_tool_command_line_and_the_scripts_read_what_it_made(tiny_data, tmp_path):

@@ -89,9 +89,8 @@ def test_a_checkpoint_with_wrapped_names_keeps_the_module_versions_a_model_check
     """MNASNet reads its layers' versions (the state dict's _metadata) when loading: the names
     DataParallel and DDP prefix with "module." are stripped in place, keeping them, so its
     checkpoints resume in any script."""
-    args = distributed.build_parser().parse_args(
-        ["--data", tiny_data, *TINY, "-a", "mnasnet0_5"]
-    )  # BatchNorm
+    # BatchNorm
+    args = distributed.build_parser().parse_args(["--data", tiny_data, *TINY, "-a", "mnasnet0_5"])
     distributed.resolve_defaults(args, 1)
     model = distributed.create_model(args, 7)
     optimizer, scaler = (

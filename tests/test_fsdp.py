@@ -85,9 +85,8 @@ def test_sharded_training_gives_the_single_process_parameters_and_momentum(
 ):
     out = fsdp_runs[nproc]
     row = metrics(out)[-1]
-    assert (
-        row["world_size"] == nproc and row["val_images"] == 101
-    )  # 101 = 34 + 34 + 33: every image once
+    # 101 = 34 + 34 + 33: every image once
+    assert row["world_size"] == nproc and row["val_images"] == 101
     assert row["val_acc1"] == metrics(reference)[-1]["val_acc1"]
     assert max_param_diff(params(reference), params(out)) < PARAM_TOL
     # the checkpoint holds the whole momentum, gathered from the shards, in torch.optim.SGD's own
@@ -380,9 +379,8 @@ def test_fsdp_memory_tool_measures_half_the_training_state_per_process_at_two(tm
     m = json.loads(out.read_text())
     ddp, fsdp_ = m["runs"]["resnet18"]["ddp"], m["runs"]["resnet18"]["fsdp"]
     assert ddp["n_params"] == fsdp_["n_params"] == 11_689_512
-    assert (
-        ddp["params"] == 4 * ddp["n_params"] and ddp["buckets"] == ddp["grads"] == ddp["params"]
-    )  # fp32, whole
+    # fp32, whole
+    assert ddp["params"] == 4 * ddp["n_params"] and ddp["buckets"] == ddp["grads"] == ddp["params"]
     assert 0.45 < fsdp_["state"] / ddp["state"] < 0.6, (fsdp_["state"], ddp["state"])
     assert fsdp_["buckets"] == 0 and fsdp_["peak"] > 0
     assert re.fullmatch(

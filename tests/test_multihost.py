@@ -322,8 +322,8 @@ class Runs:
             f"Port 2222\nHostKey {ssh / 'host_key'}\nAuthorizedKeysFile {ssh / 'authorized_keys'}\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nUsePAM no\nLogLevel ERROR\n"
-            "StrictModes no\n"
-        )  # the keys are in a private folder under the world-writable /tmp
+            "StrictModes no\n"  # the keys are in a private folder under the world-writable /tmp
+        )
         # horovodrun's ssh accepts unknown host keys; this keeps them out of root's known_hosts
         client = shutil.which("ssh")
         assert client, "no ssh client: apt-get install openssh-client"
@@ -513,9 +513,8 @@ def params_epoch(path):
 @pytest.fixture(scope="module")
 def hosts():
     needs_root("network namespaces for the test hosts (tools/hosts.sh)")
-    with (
-        hosts_lock()
-    ):  # another session's multi-host tests wait: the link cut would disturb their runs
+    # another session's multi-host tests wait: the link cut would disturb their runs
+    with hosts_lock():
         before = subprocess.run(["bash", HOSTS_SH, "status"], capture_output=True, text=True)
         p = subprocess.run(
             ["bash", HOSTS_SH, "up", str(len(ALL_HOSTS))],
@@ -657,9 +656,8 @@ def test_slurm_two_nodes_train_the_one_process_model(runs, how):
 def test_a_lost_host_ends_the_job_in_bounded_time_and_the_resumed_job_matches(runs, kind):
     faulted, epoch, resumed = runs.get(f"fault_{kind}")
     assert faulted.info["saw"], faulted.report()
-    survivors = (
-        faulted.nodes if kind == "cut" else faulted.nodes[:1]
-    )  # a cut-off host is a survivor too
+    # a cut-off host is a survivor too
+    survivors = faulted.nodes if kind == "cut" else faulted.nodes[:1]
     for node, rc, exit_s in zip(faulted.nodes, faulted.rcs, faulted.info["exit_s"], strict=True):
         if node not in survivors:
             continue

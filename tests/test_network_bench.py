@@ -160,7 +160,7 @@ def test_a_row_is_a_backend_plus_script_arguments():
         "distributed",
         "distributed+bf16+accum4",
         "horovod+fp16",
-        "slurm+--amp=bf16+--no-augment",
+        "multiprocessing+--amp=bf16+--no-augment",
         "apex+accum2",
         "fsdp+4hosts",
         "distributed+224px+onebucket",
@@ -171,7 +171,7 @@ def test_a_row_is_a_backend_plus_script_arguments():
         "distributed.py 4 64 2 | --grad-compression bf16 --gradient-accumulation-steps 4 "
         "< distributed+bf16+accum4",
         "horovod_distributed.py 1 64 2 | --grad-compression fp16 < distributed+fp16",
-        "distributed_slurm_main.py 1 64 2 | --amp=bf16 --no-augment "
+        "multiprocessing_distributed.py 1 64 2 | --amp=bf16 --no-augment "
         "< distributed+--amp=bf16+--no-augment",
         "apex_distributed.py 2 64 2 | --gradient-accumulation-steps 2 < apex+accum2",
         "fsdp_distributed.py 1 64 4 |  < distributed",
@@ -193,7 +193,7 @@ def test_rows_and_links_are_checked_before_anything_runs(tmp_path):
         ),
         (["--hosts", "2", "--rows", "distributed+zip"], "unknown tag 'zip'"),
         (["--hosts", "2", "--rows", "distributed+1hosts"], "'1hosts' wants 2 to 16 hosts"),
-        (["--hosts", "2", "--rows", "slurm+4hosts"], "slurm runs across --hosts N only"),
+        (["--hosts", "2", "--rows", "horovod+4hosts"], "horovod runs across --hosts N only"),
         (["--hosts", "2", "--rows", "fsdp+onebucket"], "onebucket is for torchrun's DDP rows"),
         (["--link", "1gbit"], "--link, --rows and --steps go with --hosts N"),
     ]

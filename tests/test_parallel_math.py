@@ -197,9 +197,8 @@ def test_validation_during_training_equals_evaluating_the_checkpoint_anywhere(
     """With BatchNorm each process's running statistics drift apart; they are averaged before
     validation, so the epoch's Acc@1 is that of the saved model, evaluated by another world size
     (one process; the equivalence runs above validate at 2 and 3)."""
-    if (
-        kind == "horovodrun"
-    ):  # (its gradients sent as fp16, as Horovod's default-path test has them)
+    if kind == "horovodrun":
+        # (its gradients sent as fp16, as Horovod's default-path test has them)
         train_out = default_horovod_run(tiny_data)
     else:
         train_out = default_run(tiny_data)

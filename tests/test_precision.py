@@ -105,9 +105,8 @@ def test_cpu_peak_tool_sees_what_the_scripts_see(tmp_path):
     )
     peak = json.loads(out.read_text())
     assert peak["native_bf16"] is False and peak["capability"].startswith("AVX2")
-    assert (
-        set(peak["peak_gflops"]) == {"fp32"} and peak["peak_gflops"]["fp32"]["1"] > 0.5
-    )  # GFLOP/s
+    # GFLOP/s
+    assert set(peak["peak_gflops"]) == {"fp32"} and peak["peak_gflops"]["fp32"]["1"] > 0.5
 
 
 # ---- the CPU capability check, on mocked CPUs ----
@@ -118,19 +117,11 @@ def test_cpu_peak_tool_sees_what_the_scripts_see(tmp_path):
     [
         ("avx2 avx512f avx512_bf16 amx_bf16 amx_tile", "AVX512", None, (True, "AMX")),
         ("avx2 avx512f avx512_bf16", "AVX512", None, (True, "AVX512_BF16")),
-        (
-            "avx2 avx512f",
-            "AVX512",
-            None,
-            (False, "AVX512 without AVX512_BF16"),
-        ),  # Skylake/Cascade Lake
+        # Skylake/Cascade Lake
+        ("avx2 avx512f", "AVX512", None, (False, "AVX512 without AVX512_BF16")),
         ("avx2", "AVX2", None, (False, "AVX2")),  # Zen 3, Haswell..Comet Lake
-        (
-            "avx2 avx512f avx512_bf16 amx_bf16",
-            "AVX2",
-            None,
-            (False, "AVX2"),
-        ),  # ATEN_CPU_CAPABILITY=avx2
+        # ATEN_CPU_CAPABILITY=avx2
+        ("avx2 avx512f avx512_bf16 amx_bf16", "AVX2", None, (False, "AVX2")),
         (
             "avx2 avx512f avx512_bf16 amx_bf16",
             "AVX512",
@@ -229,9 +220,8 @@ def test_fp16_step_that_overflows_first_leaves_the_momentum_untouched(apex):
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
         x, y = torch.randn(32, 64), torch.randint(0, 8, (32,))
         for step in range(3):
-            loss = torch.nn.functional.cross_entropy(model(x), y) * (
-                1e36 if step == 0 else 1.0
-            )  # step 0 overflows
+            # step 0 overflows
+            loss = torch.nn.functional.cross_entropy(model(x), y) * (1e36 if step == 0 else 1.0)
             optimizer.zero_grad()
             scaler.scale(loss).backward()
             scaler.step(optimizer)
@@ -241,11 +231,12 @@ def test_fp16_step_that_overflows_first_leaves_the_momentum_untouched(apex):
     args = parse(apex, "--amp", "fp16", "--lr", "0.1")
     scripts_model, optimizer = train(lambda m: apex.build_optimizer(m, args, torch.device("cuda")))
     assert not optimizer.defaults.get("fused")
+    # the textbook loop, parameter by parameter
     reference, _ = train(
         lambda m: torch.optim.SGD(
             m.parameters(), 0.1, momentum=0.9, weight_decay=1e-4, foreach=False
         )
-    )  # the textbook loop, parameter by parameter
+    )
     for p, q in zip(scripts_model.parameters(), reference.parameters(), strict=True):
         assert torch.isfinite(p).all() and (p - q).abs().max() < 1e-6
     for state in optimizer.state.values():

@@ -78,12 +78,10 @@ def run_and_kill(cmd, rank, at=KILL_AT, timeout=240, **env_extra):
         env=env(**env_extra),
         start_new_session=True,
     )
-    tag = cmd[
-        cmd.index("--output-dir") + 1
-    ]  # unique to this run: finds its processes, even orphaned ones
-    watchdog = threading.Timer(
-        timeout, kill_all, (p, tag)
-    )  # a hang fails the test instead of blocking it
+    # unique to this run: finds its processes, even orphaned ones
+    tag = cmd[cmd.index("--output-dir") + 1]
+    # a hang fails the test instead of blocking it
+    watchdog = threading.Timer(timeout, kill_all, (p, tag))
     watchdog.start()
     t_kill, lines = None, []
     try:
@@ -152,9 +150,8 @@ def test_run_killed_mid_epoch_and_resumed_ends_with_identical_parameters(
     ckpt = torch.load(
         os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=True
     )
-    assert (
-        ckpt["epoch"] == 1
-    )  # the latest checkpoint is the end of epoch 0: the kill came in epoch 1
+    # the latest checkpoint is the end of epoch 0: the kill came in epoch 1
+    assert ckpt["epoch"] == 1
     p = run(train_cmd(tiny_data, out, "--resume", os.path.join(out, "checkpoint.pth.tar")))
     assert "start epoch 1" in next(line for line in p.stdout.splitlines() if "process(es)" in line)
     diff = max_param_diff(params(str(out)), uninterrupted)
@@ -189,9 +186,8 @@ def test_torchrun_ends_the_job_soon_after_a_rank_dies(killed_run):
     after = "".join(line for t, line in killed_run["lines"] if t > 0)
     assert "Epoch [2]" not in after, after[-3000:]
     assert "[rank" not in after, after[-3000:]  # no traceback from the rank that lost its peer
-    assert len(error_lines(after)) <= 1, after[
-        -3000:
-    ]  # it says so in one line, or torchrun stopped it first
+    # it says so in one line, or torchrun stopped it first
+    assert len(error_lines(after)) <= 1, after[-3000:]
 
 
 def test_back_to_back_launches_on_one_port_all_succeed(tiny_data, tmp_path):
@@ -291,10 +287,8 @@ def test_checkpoint_killed_while_being_written_leaves_the_previous_one_loadable(
             killed_mid_write += bool(names)
             for name in ("checkpoint.pth.tar", "model_best.pth.tar"):
                 ckpt = torch.load(out / name, map_location="cpu", weights_only=True)
-                assert ckpt["i"] in (
-                    saved[-1],
-                    saved[-1] + 1,
-                )  # the last complete save, or one renamed in time
+                # the last complete save, or one renamed in time
+                assert ckpt["i"] in (saved[-1], saved[-1] + 1)
                 assert bool((ckpt["x"] == ckpt["i"]).all())
             next_i = saved[-1] + 1000
     finally:

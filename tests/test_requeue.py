@@ -48,9 +48,8 @@ def test_usr1_to_one_rank_stops_all_at_one_step_and_the_resumed_run_matches(
         "--auto-resume",
     ]
     rc, log = stop_one_rank(cmd, rank=1)
-    assert rc == 0, (
-        log
-    )  # rank 0, never signalled, stopped too: no rank was left waiting in a collective
+    # rank 0, never signalled, stopped too: no rank was left waiting in a collective
+    assert rc == 0, log
     ckpt = torch.load(
         os.path.join(out, "checkpoint.pth.tar"), map_location="cpu", weights_only=True
     )
@@ -115,12 +114,10 @@ def test_stopped_epoch_resumed_with_another_global_batch_trains_each_sample_once
 
     sys.path.insert(0, ROOT)
     n = 101
-    order = torch.randperm(
-        n, generator=torch.Generator().manual_seed(0)
-    ).tolist()  # epoch 0's order
-    assert (
-        sum(global_steps(n, 1, 1, 0), []) == order
-    )  # the order is one per epoch, whatever the processes
+    # epoch 0's order
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(0)).tolist()
+    # the order is one per epoch, whatever the processes
+    assert sum(global_steps(n, 1, 1, 0), []) == order
     first = global_steps(n, *before, start=0, steps=3)  # stopped after 3 steps
     trained = sum(first, [])
     assert all(len(step) == before[1] for step in first)
@@ -128,9 +125,8 @@ def test_stopped_epoch_resumed_with_another_global_batch_trains_each_sample_once
     assert all(len(step) == after[1] // after[0] * after[0] for step in rest)
     trained += sum(rest, [])
     assert len(trained) == len(set(trained))  # no sample twice
-    assert (
-        set(trained) == set(order[: len(trained)]) and n - len(trained) < after[1]
-    )  # all but a last partial batch
+    # all but a last partial batch
+    assert set(trained) == set(order[: len(trained)]) and n - len(trained) < after[1]
     # each step, over all processes, is the next global batch of the epoch's order
     done = 0
     for step in first + rest:

@@ -28,9 +28,8 @@ REQUIRED_FIELDS = {
 
 def test_demo_training_lifts_accuracy_to_three_times_chance(tmp_path):
     data = tmp_path / "demo"
-    run(
-        [PY, os.path.join(ROOT, "tools", "make_demo_data.py"), "--out", str(data)]
-    )  # 10 classes: chance is 10%
+    # 10 classes: chance is 10%
+    run([PY, os.path.join(ROOT, "tools", "make_demo_data.py"), "--out", str(data)])
     run(
         launch_cmd("torchrun", 2, "distributed.py")
         + [

@@ -75,9 +75,8 @@ def test_processes_list_the_folders_themselves_or_read_the_index_made_beforehand
         launch_cmd("torchrun", 2, "distributed.py")
         + ["--data", str(data), *TINY, "--evaluate", "--output-dir", str(tmp_path / "run1")]
     )
-    assert (
-        p.stdout.count("listed the images: 48 train, 101 val") == 1
-    )  # said once per node, by local rank 0
+    # said once per node, by local rank 0
+    assert p.stdout.count("listed the images: 48 train, 101 val") == 1
     assert not os.path.exists(data / ".image-lists")  # training writes nothing into the data folder
     run([PY, os.path.join(ROOT, "tools", "index_images.py"), str(data)])
     assert len(os.listdir(data / ".image-lists")) == 2  # train and val indexes, beside the data

@@ -253,9 +253,8 @@ def one_error_line(result):
     assert result.returncode not in (0, "timeout"), (
         f"exited {result.returncode}\n{result.stderr[-3000:]}"
     )
-    assert result.seconds < 120, (
-        f"took {result.seconds:.0f} s to fail"
-    )  # not the 1800 s of --dist-timeout
+    # not the 1800 s of --dist-timeout
+    assert result.seconds < 120, f"took {result.seconds:.0f} s to fail"
     ours = [line for line in result.stderr.splitlines() if line.startswith(SCRIPT_ERROR)]
     assert len(ours) == 1, result.stderr
     others = [

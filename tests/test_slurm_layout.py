@@ -61,9 +61,8 @@ def test_a_nodes_only_task_uses_every_gpu_it_sees(
     slurm_main, monkeypatch, tiny_data, tmp_path, nodes, tasks, gpus, extra, expected
 ):
     monkeypatch.setattr(slurm_main.torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr(
-        slurm_main.torch.cuda, "is_available", lambda: False
-    )  # gloo: check_args needs no GPU
+    # gloo: check_args needs no GPU
+    monkeypatch.setattr(slurm_main.torch.cuda, "is_available", lambda: False)
     for k, v in dict(
         SLURM_JOB_ID="77",
         SLURM_STEP_ID="0",
@@ -100,8 +99,8 @@ def test_without_scontrol_one_line_says_what_to_set(tiny_data, tmp_path):
         SLURM_NTASKS="1",
         SLURM_STEP_NUM_NODES="1",
         SLURM_STEP_NODELIST="gpu[01-02]",
-        PATH=str(tmp_path),
-    )  # a container without Slurm's commands
+        PATH=str(tmp_path),  # a container without Slurm's commands
+    )
     p = run(
         [
             PY,

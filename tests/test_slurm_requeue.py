@@ -126,9 +126,9 @@ def test_job_stopped_by_usr1_then_requeued_resumes_and_matches_an_uninterrupted_
     reference.start()
     name = f"test_slurm_requeue-{uuid.uuid4().hex[:8]}"
     out, log = (
-        os.path.join(ROOT, "output", name),
+        os.path.join(ROOT, "output", name),  # train.sbatch's output folder
         tmp_path / "job.log",
-    )  # train.sbatch's output folder
+    )
     job, events = sbatch(name, log, tiny_data, *ARGS), []
     jobs = [job]
     deadline = time.monotonic() + TIMEOUT
@@ -138,9 +138,8 @@ def test_job_stopped_by_usr1_then_requeued_resumes_and_matches_an_uninterrupted_
         if not events and "Epoch [0][1/" in runs[-1]:  # run 1, mid-epoch 0: the time-limit signal
             subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, timeout=30)
             events.append("usr1")
-        elif (
-            events == ["usr1"] and len(runs) == 3 and "Epoch [1][1/" in runs[-1]
-        ):  # run 2, mid-epoch 1
+        elif events == ["usr1"] and len(runs) == 3 and "Epoch [1][1/" in runs[-1]:
+            # run 2, mid-epoch 1
             subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
             events.append("requeue")
 
@@ -152,9 +151,8 @@ def test_job_stopped_by_usr1_then_requeued_resumes_and_matches_an_uninterrupted_
         assert len(runs) == 3, text
         assert f"output output/{name}" in runs[0], runs[0]  # named after the job, not its id
         stop = int(runs[0].split("stopped on SIGUSR1 after sample ")[1].split()[0])
-        assert 0 < stop < 48 and stop % 8 == 0, runs[
-            0
-        ]  # mid-epoch: the tasks agreed on a step and saved it
+        # mid-epoch: the tasks agreed on a step and saved it
+        assert 0 < stop < 48 and stop % 8 == 0, runs[0]
         assert "train.sbatch: requeueing job" in runs[0], runs[0]
         assert f"start epoch 0 at sample {stop}" in runs[1], runs[1]
         assert (

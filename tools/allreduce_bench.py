@@ -10,14 +10,11 @@
     tools/hosts.sh exec node1 .venv/bin/torchrun --nnodes=2 --node-rank=1 --master-addr=node0 \\
         --master-port=29500 tools/allreduce_bench.py
 
-For each collective (all_gather and reduce_scatter: the single-tensor forms FSDP2 calls) and each
-size, float32, rank 0 prints the mean time of one (the slowest process's), algbw = size / time and
-busbw = algbw x f, as nccl-tests defines them: what each link of a ring of n processes carries, f =
-2 (n - 1) / n for an all-reduce, (n - 1) / n for the others (the size is the all-reduce's tensor,
-the all-gather's output, the reduce-scatter's input); and the bytes each process sent over every
-interface but loopback. Then a fit, time = alpha + size x f / busbw, over the sizes from --fit-from
-up, which tools/scaling_model.py uses for a link. A size is timed as often as fits in about
---seconds (1 to --iters), so that a slow link is measured in bounded time. GB/s are 1e9 bytes/s.
+Per collective (all_gather and reduce_scatter: the single-tensor forms FSDP2 calls) and size,
+float32: the slowest process's mean time, algbw = size / time and busbw = algbw x f as nccl-tests
+defines them (f = 2 (n - 1) / n for an all-reduce, (n - 1) / n for the others), the bytes a process
+sent, and the fit time = alpha + size x f / busbw over the sizes from 256 KiB that
+tools/scaling_model.py uses for a link. A size is timed as often as fits in --seconds (at most 20).
 """
 
 import argparse
@@ -34,6 +31,7 @@ PROG = os.path.basename(sys.argv[0])
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 ELEM = 4  # bytes of a float32, "float" in nccl-tests' tables
+WARMUP, ITERS, FIT_FROM = 1, 20, 2**18  # untimed and most timed collectives a size; fitted sizes
 
 
 def fail(message):
@@ -99,10 +97,7 @@ def parse_args():
     add("-e", "--max-bytes", type=parse_bytes, default=2**26, help="largest size (64M)")
     add("-f", "--factor", type=int, default=4, help="size multiplier between rows (4)")
     add("--op", type=lambda t: t.split(","), default=["all_reduce"], help=", ".join(OPS))
-    add("-w", "--warmup", type=int, default=1, help="untimed collectives per size (1)")
-    add("-n", "--iters", type=int, default=20, help="most timed collectives per size (20)")
     add("--seconds", type=float, default=1.0, help="time to spend on each size (about 1)")
-    add("--fit-from", type=parse_bytes, default=2**18, help="smallest size in the fit (256K)")
     add("--threads", type=int, default=1, help="intra-op threads per process (1)")
     add("--json", metavar="PATH", help="write the tables and the fits here (rank 0)")
     args = p.parse_args()
@@ -110,8 +105,8 @@ def parse_args():
         p.error(f"--op: not a collective: {', '.join(set(args.op) - set(OPS))} ({', '.join(OPS)})")
     if args.min_bytes > args.max_bytes:
         p.error(f"--min-bytes {args.min_bytes} is above --max-bytes {args.max_bytes}")
-    if min(args.factor - 1, args.warmup + 1, args.iters, args.threads) < 1 or args.seconds <= 0:
-        p.error("--factor must be >= 2, --warmup >= 0, --iters >= 1, --seconds > 0, --threads >= 1")
+    if min(args.factor - 1, args.threads) < 1 or args.seconds <= 0:
+        p.error("--factor must be >= 2, --seconds > 0, --threads >= 1")
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         fail(
             "start it with torchrun (it reads RANK, WORLD_SIZE, MASTER_ADDR), e.g. "
@@ -148,16 +143,16 @@ def main():
             f"host(s) ({', '.join(dict.fromkeys(hosts))}), float32, torch {torch.__version__}"
         )
         print(
-            f"# warm-up {args.warmup}, then as many as fit in ~{args.seconds:g} s (1 to "
-            f"{args.iters}); time: mean of one, slowest process; sent: bytes a process sent"
+            f"# warm-up {WARMUP}, then as many as fit in ~{args.seconds:g} s (1 to "
+            f"{ITERS}); time: mean of one, slowest process; sent: bytes a process sent"
         )
     results = {}
     for op in args.op:
         rows = measure(op, args, world, device, rank == 0)
         alpha, busbw = rows[0]["time_s"], None
         if world > 1:
-            alpha, busbw = fit(rows, bus_factor(op, world), args.fit_from)
-        fitted = dict(alpha_s=alpha, busbw_Bps=busbw, from_bytes=args.fit_from)
+            alpha, busbw = fit(rows, bus_factor(op, world), FIT_FROM)
+        fitted = dict(alpha_s=alpha, busbw_Bps=busbw, from_bytes=FIT_FROM)
         results[op] = dict(rows=rows, latency_s=rows[0]["time_s"], fit=fitted)
         if rank == 0:
             print(
@@ -165,7 +160,7 @@ def main():
             )
             if busbw:
                 print(
-                    f"# {op}: fit over sizes >= {args.fit_from} B: time = {alpha * 1e6:.1f} us + "
+                    f"# {op}: fit over sizes >= {FIT_FROM} B: time = {alpha * 1e6:.1f} us + "
                     f"size x {bus_factor(op, world):.3g} / {busbw / 1e9:.4f} GB/s "
                     f"({busbw * 8 / 1e9:.3f} Gbit/s)",
                     flush=True,
@@ -217,8 +212,8 @@ def measure(op, args, world, device, show):
         whole = torch.ones(size // ELEM, device=device)
         part = torch.empty(size // ELEM // split, device=device)
         x, out = {"all_reduce": (whole, None), "all_gather": (part, whole)}.get(op, (whole, part))
-        first, _ = timed(max(args.warmup, 1), x, out)  # one at least: it tells how many fit
-        iters = max(1, min(args.iters, math.floor(args.seconds / first)))
+        first, _ = timed(WARMUP, x, out)  # it tells how many fit
+        iters = max(1, min(ITERS, math.floor(args.seconds / first)))
         dist.barrier()
         t, sent = timed(iters, x, out)
         algbw = size / t

@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
-"""Per-process memory of DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), measured on the
-scripts themselves.
+"""Per-process memory of DDP (distributed.py) vs FSDP2 (fsdp_distributed.py), measured with the
+scripts' own functions; docs/fsdp.md says how to read the report.
 
     OMP_NUM_THREADS=1 .venv/bin/python tools/fsdp_memory.py --arch resnet152 vit_b_16 --md M.md
 
 For each model and script, torchrun starts fresh processes (so that each peak RSS is its backend's
-own) that run the script's own init_distributed, create_model, build_optimizer, distribute, then
---steps SGD steps of its forward(), backward and optimizer.step() on random images, on the CPU
-(gloo). The report is per process, the largest over the ranks (docs/fsdp.md). The workers run with
-MALLOC_MMAP_THRESHOLD_=1048576 (unless set), so that glibc returns freed blocks of 1 MiB and more
-at once and RSS shows what is live (65536 made an FSDP run abort at exit, likely
-vm.max_map_count).
+own) that train --steps SGD steps on random images, on the CPU (gloo). The report takes the
+largest figure over the ranks.
 """
 
 import argparse
+import contextlib
 import datetime
+import gc
+import importlib
+import io
 import json
 import os
 import resource
@@ -64,12 +64,7 @@ def rss():  # resident now, bytes
 def worker(a):
     import torch  # noqa: F401  (the baseline: what every process pays before any model)
 
-    rss_torch = rss()
-    import contextlib
-    import gc
-    import importlib
-    import io
-
+    marks = dict(rss_torch=rss())  # RSS at each stage, bytes
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
@@ -81,18 +76,18 @@ def worker(a):
     script.resolve_defaults(args, world)
     device = script.init_distributed(args, local_rank, rank, world)
     args.amp, args.channels_last, _ = script.choose_precision(args, device)
-    rss_init = rss()
+    marks["rss_init"] = rss()
     torch.manual_seed(args.seed)
     model = script.create_model(args, 1000)
     model.to(device, torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
     optimizer = script.build_optimizer(model, args, device)
-    rss_built = rss()
+    marks["rss_built"] = rss()
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         model, optimizer = script.distribute(model, optimizer, args, device)
     gc.collect()
-    rss_dist = rss()
+    marks["rss_dist"] = rss()
     per = a.batch // world
     model.train()
     for step in range(a.steps):
@@ -119,15 +114,12 @@ def worker(a):
         grads=nbytes(p.grad for p in model.parameters()),
         momentum=nbytes(s.get("momentum_buffer") for s in optimizer.state.values()),
         buckets=buckets,
-        rss_torch=rss_torch,
-        rss_init=rss_init,
-        rss_built=rss_built,
-        rss_dist=rss_dist,
         rss_end=rss(),
         peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         optimizer=f"{type(optimizer).__module__}.{type(optimizer).__name__}",
         threads=torch.get_num_threads(),
         groups=printed.getvalue().strip().split(": ", 1)[-1] if a.worker == "fsdp" else "",
+        **marks,
     )
     row["state"] = row["params"] + row["grads"] + row["momentum"]
     row["total"] = row["state"] + row["buckets"]
@@ -160,8 +152,7 @@ def measure(a, arch, mode):
 
 
 def load_average():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
+    return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 def report(a, runs, argv, load_before, load_after, wall):
@@ -204,13 +195,7 @@ def report(a, runs, argv, load_before, load_after, wall):
         f"{load_before}, after {load_after}; {threads} thread(s) per process; torch "
         f"{machine['torch']}",
         f"- MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', '1048576')} in the "
-        "workers: glibc returns freed blocks of 1 MiB and more at once, so RSS shows what is live "
-        "rather than what the allocator keeps for reuse",
-        "- the tensor rows are exact; the RSS rows include the allocator's and the libraries' "
-        "overhead. DDP's gradient buckets are a second copy of the gradients (distributed.py "
-        "leaves gradient_as_bucket_view off). FSDP's peak includes the whole model each process "
-        "builds before sharding it, as fsdp_distributed.py does; past that, its peak is set by the "
-        "activations and by the groups gathered whole at a time, the largest above all.",
+        "workers; the tensor rows are exact, the RSS rows are not: see docs/fsdp.md",
     ]
     return "\n".join(lines) + "\n"
 

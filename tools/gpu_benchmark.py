@@ -1,27 +1,23 @@
 #!/usr/bin/env python3
 """Training speed on one GPU: apex_distributed.py's own step against a plain loop, on batches
-already on the GPU, so that neither decoding nor copies are timed.
+already on the GPU, so that neither decoding nor copies are timed (docs/gpu.md).
 
     python tools/gpu_benchmark.py        # ResNet-50, 224 px, batch 256: results/benchmark-gpu.md
     python tools/gpu_benchmark.py -a resnet18 --steps 30 --modes eager,reference --out /tmp/b.md
 
-Modes, each in a process of its own, one after the other:
-  eager      apex_distributed.py: bf16 autocast, channels_last, fused SGD
-  compile    the same with --compile
-  tf32       apex_distributed.py --amp off: "fp32", which on a GPU runs cuDNN's convolutions in TF32
-             (PyTorch's default, which the scripts leave as it is), contiguous layout
-  reference  a plain loop: torchvision's model, torch.amp bf16, channels_last, torch.optim.SGD;
-             no DDP, no prefetcher, no fused optimizer, no loss or accuracy sums
-The script's modes run its main() with a training loader of one batch made on the device, --steps
-times; the first 2 steps (compilation, cuDNN's autotuning) are not timed. MFU: images/s x an
-image's training FLOPs (FlopCounterMode), against the GPU's dense bf16 peak (PEAK_TFLOPS, or
-tools/benchmark_report.py's table) and the matmul peak measured here first (bf16 or TF32).
+Each mode runs in a process of its own: apex_distributed.py's main() with MODES' flags and a
+training loader of one batch made on the device, or "reference", a plain loop of torchvision's
+model, torch.amp bf16, channels_last and torch.optim.SGD. "tf32" is --amp off, which on a GPU runs
+cuDNN's convolutions in TF32 (PyTorch's default). The first WARMUP steps (compilation, cuDNN's
+autotuning) are not timed. MFU: images/s x an image's training FLOPs, against the GPU's dense bf16
+peak (PEAK_TFLOPS, or tools/benchmark_report.py's table) and the matmul peak measured here first.
 """
 
 import argparse
 import importlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -110,8 +106,6 @@ def synchronize(device):
 def peak_memory_mb(device):
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -148,11 +142,10 @@ def run_modes(args, argv):
             p = subprocess.run(
                 [sys.executable, __file__, *argv, "--child", mode], stdout=f, stderr=f
             )
-        with open(log) as f:
-            last = (f.read().strip().splitlines() or [""])[-1]
-        results[mode] = (
-            json.loads(last) if p.returncode == 0 else f"failed (exit {p.returncode}, {log})"
-        )
+        results[mode] = f"failed (exit {p.returncode}, {log})"
+        if p.returncode == 0:  # the child's result is the last line of its log
+            with open(log) as f:
+                results[mode] = json.loads(f.read().splitlines()[-1])
         print(f"{mode}: {results[mode]}", flush=True)
     return results
 
@@ -160,7 +153,6 @@ def run_modes(args, argv):
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.path.join(ROOT, "results", "benchmark-gpu.md"))
-    p.add_argument("--runs", help="each mode's log and output (default: beside --out)")
     p.add_argument("-a", "--arch", default="resnet50")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("-b", "--batch-size", type=int, default=256)
@@ -169,7 +161,7 @@ def main(argv):
     p.add_argument("--peak-size", type=int, default=8192, help="matmul size for the measured peak")
     p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    args.runs = args.runs or os.path.splitext(os.path.abspath(args.out))[0] + "-runs"
+    args.runs = os.path.splitext(os.path.abspath(args.out))[0] + "-runs"
     if args.child:
         return child(args)
     if set(args.modes.split(",")) - set(MODES):
@@ -223,8 +215,7 @@ def write_report(args, argv, name, measured, results):
         if a in ok and b in ok:
             lines.append(f"- {what}: {ok[a] / ok[b]:.2f}x")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    report.write_lines(args.out, lines)
     print("\n".join(lines))
 
 

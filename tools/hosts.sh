@@ -1,25 +1,15 @@
 #!/usr/bin/env bash
 # hosts.sh: make N test "hosts" on this machine, to try multi-node jobs without a cluster.
 #
-# Each host is a network namespace (its own eth0 and address) on a bridge shared with the others,
-# plus a UTS namespace (its own hostname). The names resolve on every host (`exec` mounts its
-# /etc/netns/NAME/hosts over /etc/hosts) and on this machine (a marked block of /etc/hosts). With no
-# default route, hosts reach each other and this machine's bridge address only. Needs root, iproute2.
-#
 #   tools/hosts.sh up N              make hosts node0 .. node(N-1) (idempotent; removes extra ones)
 #   tools/hosts.sh down              remove the hosts, their bridge and their /etc/hosts entries
 #   tools/hosts.sh status            list the hosts; exit 0 only if all are complete
 #   tools/hosts.sh exec NAME CMD...  run CMD on host NAME (its network, hostname and /etc/hosts)
-#   tools/hosts.sh shape RATE|off    limit what each host sends to RATE (tc tbf on its eth0, e.g.
-#                                    100mbit, 1gbit): every link between two hosts is then RATE
-#                                    in each direction; off: back to the unshaped link
+#   tools/hosts.sh shape RATE|off    limit what each host sends to RATE (e.g. 100mbit, 1gbit)
 #
-# HOSTS_PREFIX names the hosts (default node: node0, node1, ...). Each prefix is a set of its own,
-# with a bridge of its own (hostsbr0 for node, else br-PREFIX), which up, down and shape of another
-# set leave alone. HOSTS_NET is the /24 the set lives in (default 10.213.7; another prefix needs
-# another /24): host i has HOSTS_NET.(i+1), this machine's end of the bridge HOSTS_NET.254.
-# Cutting a host off, as a failed link would: ip link set veth-NAME down (and up again).
-# Everything a host runs: ip netns pids NAME.
+# Each host is a network namespace (its own eth0, address HOSTS_NET.(i+1)) and a UTS namespace (its
+# own hostname) on a bridge; HOSTS_PREFIX and HOSTS_NET (default node, 10.213.7) make another set
+# beside it. docs/slurm-and-multinode.md says more. Needs root and iproute2.
 set -euo pipefail
 
 PROG=${0##*/}
@@ -27,7 +17,6 @@ PREFIX=${HOSTS_PREFIX:-node}
 NET=${HOSTS_NET:-10.213.7}
 GATEWAY=$NET.254
 STATE=/run/test-hosts        # UTS namespace files, one per host, of every prefix
-IP=$(command -v ip || echo /usr/sbin/ip)
 # The default set keeps the names it always had; another prefix gets its own bridge and its own
 # mark on this machine's /etc/hosts lines, so that neither set's up or down touches the other
 BRIDGE=br-$PREFIX
@@ -41,10 +30,7 @@ usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0" >&2;
 log() { echo "$PROG: $*" >&2; }
 die() { echo "$PROG: error: $*" >&2; exit 1; }
 
-need_root() {
-    [[ $EUID -eq 0 ]] || die "must run as root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)"
-    [[ -x $IP ]] || die "iproute2's ip is missing (apt-get install iproute2)"
-}
+need_root() { [[ $EUID -eq 0 ]] || die "must run as root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)"; }
 
 # Our hosts, from the UTS files (the one record that survives a half-finished 'up'): those of
 # this prefix only (PREFIX and a number; node0 is not a host of the prefix nod)
@@ -75,15 +61,15 @@ set_etc_hosts() {
 make_host() {
     local name=$PREFIX$1 n=$2
     ((${#name} <= 10)) || die "interface name veth-$name is too long: use a shorter HOSTS_PREFIX"
-    "$IP" netns list | grep -qw "^$name" || "$IP" netns add "$name"
-    if ! "$IP" link show "veth-$name" >/dev/null 2>&1; then
-        "$IP" netns exec "$name" "$IP" link del eth0 2>/dev/null || true
-        "$IP" link add "veth-$name" type veth peer name eth0 netns "$name"
+    ip netns list | grep -qw "^$name" || ip netns add "$name"
+    if ! ip link show "veth-$name" >/dev/null 2>&1; then
+        ip netns exec "$name" ip link del eth0 2>/dev/null || true
+        ip link add "veth-$name" type veth peer name eth0 netns "$name"
     fi
-    "$IP" link set "veth-$name" master "$BRIDGE" up
-    "$IP" -n "$name" link set lo up
-    "$IP" -n "$name" addr replace "$NET.$(($1 + 1))/24" dev eth0
-    "$IP" -n "$name" link set eth0 up
+    ip link set "veth-$name" master "$BRIDGE" up
+    ip -n "$name" link set lo up
+    ip -n "$name" addr replace "$NET.$(($1 + 1))/24" dev eth0
+    ip -n "$name" link set eth0 up
     # the names of all hosts, on every host; the host's own name resolves to its own address
     # (not to 127.0.1.1, which would make gloo pick the loopback interface)
     install -d -m 0755 "/etc/netns/$name" "$STATE"
@@ -92,7 +78,6 @@ make_host() {
         echo "$GATEWAY $(hostname -s) $MARK: this machine"
         hosts_block "$n"
     } >"/etc/netns/$name/hosts"
-    echo "$name" >"/etc/netns/$name/hostname"
     if ! nsenter --uts="$STATE/$name.uts" true 2>/dev/null; then
         touch "$STATE/$name.uts"
         unshare --uts="$STATE/$name.uts" hostname "$name"
@@ -101,28 +86,28 @@ make_host() {
 
 remove_host() {
     local name=$1 pids
-    pids=$("$IP" netns pids "$name" 2>/dev/null || true)
+    pids=$(ip netns pids "$name" 2>/dev/null || true)
     if [[ -n $pids ]]; then
         log "killing what still runs on $name: $(echo $pids)"
         # shellcheck disable=SC2086
         kill -KILL $pids 2>/dev/null || true
     fi
-    "$IP" link del "veth-$name" 2>/dev/null || true
-    "$IP" netns del "$name" 2>/dev/null || true
+    ip link del "veth-$name" 2>/dev/null || true
+    ip netns del "$name" 2>/dev/null || true
     umount "$STATE/$name.uts" 2>/dev/null || true
     rm -rf "$STATE/$name.uts" "/etc/netns/$name"
 }
 
 cmd_up() {
     local n=${1:-} other i name
-    [[ $n =~ ^[1-9][0-9]?$ ]] && ((n <= 200)) || die "up wants a host count from 1 to 200, got '${n}'"
+    [[ $n =~ ^[1-9][0-9]?$ ]] || die "up wants a host count from 1 to 99, got '$n'"
     need_root
     # another route to our /24 (a real network) would make the hosts' traffic leave the machine
-    other=$("$IP" -4 route show "$NET.0/24" | grep -v "dev $BRIDGE" || true)
+    other=$(ip -4 route show "$NET.0/24" | grep -v "dev $BRIDGE" || true)
     [[ -z $other ]] || die "$NET.0/24 is already routed here ($other): set HOSTS_NET to a free /24"
-    "$IP" link show "$BRIDGE" >/dev/null 2>&1 || "$IP" link add "$BRIDGE" type bridge
-    "$IP" addr replace "$GATEWAY/24" dev "$BRIDGE"
-    "$IP" link set "$BRIDGE" up
+    ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+    ip addr replace "$GATEWAY/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
     for ((i = 0; i < n; i++)); do
         make_host "$i" "$n"
     done
@@ -137,9 +122,8 @@ cmd_down() {
     need_root
     local name
     for name in $(existing_hosts); do remove_host "$name"; done
-    "$IP" link del "$BRIDGE" 2>/dev/null || true
+    ip link del "$BRIDGE" 2>/dev/null || true
     set_etc_hosts ""
-    rmdir "$STATE" 2>/dev/null || true
     log "down"
 }
 
@@ -152,10 +136,10 @@ cmd_status() {
         return 1
     fi
     for name in $names; do
-        addr=$("$IP" -n "$name" -4 -br addr show eth0 2>/dev/null | awk '{print $3}')
+        addr=$(ip -n "$name" -4 -br addr show eth0 2>/dev/null | awk '{print $3}')
         uts=$(nsenter --uts="$STATE/$name.uts" hostname 2>/dev/null || echo '?')
-        if [[ -n $addr && $uts == "$name" ]] && "$IP" link show "veth-$name" 2>/dev/null | grep -q 'state UP'; then
-            rate=$("$IP" netns exec "$name" tc qdisc show dev eth0 2>/dev/null | sed -n 's/.* tbf .*rate \([^ ]*\) .*/\1/p')
+        if [[ -n $addr && $uts == "$name" ]] && ip link show "veth-$name" 2>/dev/null | grep -q 'state UP'; then
+            rate=$(ip netns exec "$name" tc qdisc show dev eth0 2>/dev/null | sed -n 's/.* tbf .*rate \([^ ]*\) .*/\1/p')
             echo "$name: ${addr%/*}, hostname $uts, link up${rate:+, sends at most $rate}"
         else
             echo "$name: incomplete or cut off (address '${addr}', hostname '$uts'; veth-$name down or missing)"
@@ -178,7 +162,7 @@ cmd_shape() {
     names=$(existing_hosts)
     [[ -n $names ]] || die "no hosts of prefix $PREFIX (tools/hosts.sh up N makes them)"
     for name in $names; do
-        "$IP" netns exec "$name" tc qdisc del dev eth0 root 2>/dev/null || true
+        ip netns exec "$name" tc qdisc del dev eth0 root 2>/dev/null || true
     done
     if [[ $rate == off ]]; then
         log "shape: $(echo $names | tr ' ' ','): unshaped"
@@ -189,7 +173,7 @@ cmd_shape() {
     ((bytes >= 1000)) || die "shape: $rate is below 8kbit"
     burst=$((bytes / 500 > 262144 ? bytes / 500 : 262144))
     for name in $names; do
-        "$IP" netns exec "$name" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 50ms ||
+        ip netns exec "$name" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 50ms ||
             die "tc could not shape $name's eth0 to $rate (is the sch_tbf kernel module available?)"
     done
     log "shape: $(echo $names | tr ' ' ','): each sends at most $rate (tbf, burst $burst bytes, latency 50ms)"

@@ -1,16 +1,10 @@
 #!/usr/bin/env python3
 """Index an ImageFolder data set once, so that training processes read one small file instead of
 listing every class folder (minutes for ImageNet's 1.28M files on a network filesystem, in every
-process of every job).
+process of every job). docs/data.md says where the index goes and when the scripts trust it.
 
     python tools/index_images.py DATA             # DATA/train and DATA/val
     python tools/index_images.py DATA/train ...   # the folders named
-
-The index goes where the scripts look: beside the data (DATA/.image-lists/) or, for read-only
-data, in ~/.cache/pytorch-distributed. It holds the scripts' packed sample list (list_images) and
-the modification time of every folder listed, taken before the listing and checked after it, so
-that an image added meanwhile is never left out. The scripts trust it while every folder keeps its
-time. Each job writes a file of its own and renames it into place: a reader sees a whole index.
 """
 
 import argparse

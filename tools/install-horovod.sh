@@ -5,28 +5,19 @@
 #   [PYTHON=python] install-horovod.sh [--force] [--nccl] [--dry-run] [--offline DIR]
 #   [PYTHON=python] install-horovod.sh --fetch DIR
 #
-# Not `pip install horovod`: its last release (0.28.1) is an sdist whose CMake files pin C++14,
-# while torch's headers need C++20. We patch it, build a wheel once and cache it outside the
-# repository (HOROVOD_WHEEL_CACHE, default ~/.cache/pytorch-distributed/wheels), so later installs
-# take seconds. On a GPU machine (nvidia-smi -L lists one) the build adds NCCL, that of torch's own
-# pip wheel (nvidia-nccl-*), the one torch loads at run time.
+# Not `pip install horovod`: its last release (0.28.1) needs a patch for torch's C++20 headers.
+# The wheel is cached (HOROVOD_WHEEL_CACHE, default ~/.cache/pytorch-distributed/wheels); on a GPU
+# machine the build adds NCCL, that of torch's own wheel. docs/horovod.md explains each step.
 #
 #   --force        rebuild and reinstall even if horovod.torch imports and a cached wheel exists
-#   --nccl         build with NCCL where nvidia-smi finds no GPU (a login node, a build
-#                  container); needs the CUDA toolkit (nvcc)
+#   --nccl         build with NCCL where nvidia-smi finds no GPU (a login node); needs nvcc
 #   --dry-run      print the build configuration and exit, building nothing
-#   --fetch DIR    where a package index is reachable: download what a machine without one needs
-#                  into DIR, the sdist and (in DIR/wheels) the build dependencies for Python
-#                  FETCH_PYTHON_VERSION (default $PYTHON's) on FETCH_PLATFORM (default
-#                  manylinux2014_$(uname -m)); carry DIR to that machine
-#   --offline DIR  build from DIR (made by --fetch) where no package index is reachable (an
-#                  air-gapped cluster): pip runs with --no-index and finds wheels in DIR/wheels
+#   --fetch DIR    download the sdist and build dependencies into DIR, for a machine without a
+#                  package index (FETCH_PYTHON_VERSION, FETCH_PLATFORM: that machine's)
+#   --offline DIR  build from DIR (made by --fetch) with pip --no-index
 #
-# Environment: HOROVOD_VERSION (default 0.28.1); HOROVOD_SDIST, a horovod-VERSION.tar.gz to build
-# instead of downloading one; CMAKE_POLICY_VERSION_MINIMUM (default 3.5: CMake 4 refuses the
-# cmake_minimum_required(2.8.12) of Horovod's bundled gloo without it). Honoured if set, otherwise
-# chosen from what this machine has: HOROVOD_WITH_MPI, HOROVOD_WITHOUT_MPI, HOROVOD_GPU_OPERATIONS,
-# CUDA_HOME, HOROVOD_CUDA_HOME, HOROVOD_BUILD_CUDA_CC_LIST, HOROVOD_NCCL_{HOME,INCLUDE,LIB,LINK}.
+# Environment: HOROVOD_VERSION, HOROVOD_SDIST, and Horovod's own build variables, which win over
+# what this script would choose (docs/horovod.md lists them).
 set -euo pipefail
 
 HOROVOD_VERSION=${HOROVOD_VERSION:-0.28.1}
@@ -36,10 +27,6 @@ WHEEL_CACHE=${HOROVOD_WHEEL_CACHE:-$HOME/.cache/pytorch-distributed/wheels}
 log() { echo "[install-horovod] $*"; }
 die() { echo "[install-horovod] ERROR: $*" >&2; exit 1; }
 usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; }
-folder_arg() {
-    (($# > 1)) || die "$1 needs a folder"
-    echo "$2"
-}
 
 FORCE=0 NCCL=0 DRY_RUN=0 FETCH="" OFFLINE=""
 while (($#)); do
@@ -48,20 +35,18 @@ while (($#)); do
         --force) FORCE=1 ;;
         --nccl) NCCL=1 ;;
         --dry-run) DRY_RUN=1 ;;
-        --fetch) FETCH=$(folder_arg "$@"); shift ;;
-        --offline) OFFLINE=$(folder_arg "$@"); shift ;;
+        --fetch) FETCH=${2:?--fetch needs a folder}; shift ;;
+        --offline) OFFLINE=${2:?--offline needs a folder}; shift ;;
         *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
     esac
     shift
 done
 
-command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON=$PYTHON not found"
-
-# What the build needs besides torch, as "module:distribution": Horovod's runtime deps are build
-# deps too (setup.py imports horovod for its version, which imports horovod.runner), without build
-# isolation setuptools and wheel must be installed already, and setuptools downloads a missing cffi
-# (setup_requires) in the middle of the build, which fails without a package index.
-BUILD_DEPS="cloudpickle:cloudpickle psutil:psutil yaml:pyyaml packaging:packaging wheel:wheel setuptools:setuptools cffi:cffi"
+# What the build needs besides torch: Horovod's runtime deps are build deps too (setup.py imports
+# horovod for its version, which imports horovod.runner), without build isolation setuptools and
+# wheel must be installed already, and setuptools downloads a missing cffi (setup_requires) in the
+# middle of the build, which fails without a package index.
+BUILD_DEPS=(cloudpickle psutil pyyaml packaging wheel setuptools cffi)
 
 # An air-gapped cluster has no package index: --fetch gathers, where there is one, what the build
 # would download there, and --offline builds from that alone.
@@ -70,9 +55,8 @@ if [[ -n $FETCH ]]; then
     platform=${FETCH_PLATFORM:-manylinux2014_$(uname -m)}
     log "fetch:    horovod $HOROVOD_VERSION and its build dependencies for Python $version on $platform"
     "$PYTHON" -m pip download --no-deps --no-binary :all: -d "$FETCH" "horovod==$HOROVOD_VERSION"
-    # shellcheck disable=SC2046  # one word per distribution
     "$PYTHON" -m pip download --only-binary :all: --python-version "$version" --implementation cp \
-        --platform "$platform" -d "$FETCH/wheels" $(sed 's/[^ ]*://g' <<<"$BUILD_DEPS")
+        --platform "$platform" -d "$FETCH/wheels" "${BUILD_DEPS[@]}"
     log "done: carry $FETCH to the machine without a package index and run there: bash $0 --offline $FETCH"
     exit 0
 fi
@@ -104,10 +88,8 @@ fi
 
 # NCCL ops can only run on a GPU; on a CPU-only box with a CUDA torch they would just add build
 # time and an NCCL build dependency.
-if [[ -z ${HOROVOD_GPU_OPERATIONS:-} ]]; then
-    if ((NCCL)) || { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep '^GPU' >/dev/null; }; then
-        export HOROVOD_GPU_OPERATIONS=NCCL
-    fi
+if [[ -z ${HOROVOD_GPU_OPERATIONS:-} ]] && { ((NCCL)) || nvidia-smi -L 2>/dev/null | grep '^GPU' >/dev/null; }; then
+    export HOROVOD_GPU_OPERATIONS=NCCL
 fi
 
 # A horovod built against another torch fails this import (undefined symbols), so a successful
@@ -124,11 +106,9 @@ fi
 # derives from the nvcc on PATH: wrong where nvcc is a wrapper script, and configuration then finds
 # no headers or libcudart. HOROVOD_CUDA_HOME names the root for Horovod (it then uses
 # <root>/bin/nvcc), CUDA_HOME for torch's own extension helpers, which Horovod queries.
-if [[ -n $TORCH_CUDA && -z ${CUDA_HOME:-} && -d /usr/local/cuda ]]; then
-    export CUDA_HOME=/usr/local/cuda
-fi
-if [[ -n $TORCH_CUDA && -z ${HOROVOD_CUDA_HOME:-} && -n ${CUDA_HOME:-} ]]; then
-    export HOROVOD_CUDA_HOME=$CUDA_HOME
+if [[ -n $TORCH_CUDA ]]; then
+    [[ -n ${CUDA_HOME:-} || ! -d /usr/local/cuda ]] || export CUDA_HOME=/usr/local/cuda
+    [[ -n ${HOROVOD_CUDA_HOME:-} || -z ${CUDA_HOME:-} ]] || export HOROVOD_CUDA_HOME=$CUDA_HOME
 fi
 
 NCCL_VERSION=""
@@ -161,13 +141,10 @@ if [[ ${HOROVOD_GPU_OPERATIONS:-} == NCCL ]]; then
     [[ -f $NCCL_HEADER ]] && NCCL_VERSION=$(awk '$1 == "#define" && $2 ~ /^NCCL_(MAJOR|MINOR|PATCH)$/ {v = v (v ? "." : "") $3} END {print v}' "$NCCL_HEADER")
 fi
 
-# Lets CMake 4 configure the gloo bundled with Horovod (see the header); older CMakes ignore it.
+# Lets CMake 4 configure the gloo bundled with Horovod, whose cmake_minimum_required(2.8.12) it
+# refuses otherwise; older CMakes ignore it.
 export CMAKE_POLICY_VERSION_MINIMUM="${CMAKE_POLICY_VERSION_MINIMUM:-3.5}"
 
-# found without importing them (one quick interpreter start)
-read -r -a MISSING_DEPS <<<"$("$PYTHON" -c '
-import importlib.util, sys
-print(" ".join(d.split(":")[1] for d in sys.argv[1:] if importlib.util.find_spec(d.split(":")[0]) is None))' $BUILD_DEPS)"
 CMAKE_VERSION=$(cmake --version 2>/dev/null | awk 'NR == 1 {print $3}') || CMAKE_VERSION=""
 
 # Horovod's setup.py defaults to make -j8, which oversubscribes small boxes and underuses big ones.
@@ -192,31 +169,21 @@ fi
 log "cache:    $CACHE_DIR"
 log "cmake:    ${CMAKE_VERSION:-not found} CMAKE_POLICY_VERSION_MINIMUM=$CMAKE_POLICY_VERSION_MINIMUM"
 log "sdist:    ${HOROVOD_SDIST:-downloaded from the package index}${OFFLINE:+ (offline: pip --no-index)}"
-if ((${#MISSING_DEPS[@]})); then
-    log "deps:     missing ${MISSING_DEPS[*]}: pip installs them${OFFLINE:+ from $OFFLINE/wheels}"
-else
-    log "deps:     all importable"
-fi
 if ((DRY_RUN)); then
     log "dry run: nothing built or installed"
     exit 0
 fi
 
-# Build isolation is off (see below), so build deps must be present here (BUILD_DEPS above);
-# only the missing ones are installed.
-if ((${#MISSING_DEPS[@]})); then
-    "$PYTHON" -m pip install --quiet "${MISSING_DEPS[@]}"
-fi
+# Build isolation is off (see below), so build deps must be present here; pip installs only the
+# missing ones (offline, from DIR/wheels).
+"$PYTHON" -m pip install --quiet "${BUILD_DEPS[@]}"
 
-BUILD_TIME="0s (cached wheel)"
 WHEEL=$(compgen -G "$CACHE_DIR/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || true)
 if [[ -n $WHEEL && $FORCE == 0 ]]; then
     log "using cached wheel $WHEEL"
 else
-    if [[ -z $CMAKE_VERSION ]]; then
-        [[ -z $OFFLINE ]] || die "no cmake on PATH, and offline Horovod's setup.py cannot pip-install one"
-        log "warning: cmake not on PATH; Horovod's setup.py will try to pip-install an old one"
-    fi
+    [[ -n $CMAKE_VERSION || -z $OFFLINE ]] ||
+        die "no cmake on PATH, and offline Horovod's setup.py cannot pip-install one"
     command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1 \
         || die "no C++ compiler found (install g++)"
 
@@ -238,14 +205,11 @@ else
             || die "expected 'set(CMAKE_CXX_STANDARD 14)' in $f of horovod $HOROVOD_VERSION; patch needs updating"
         sed -Ei 's/set\(CMAKE_CXX_STANDARD 14\)/set(CMAKE_CXX_STANDARD 20)/' "$SRC/$f"
     done
-    log "patched CMAKE_CXX_STANDARD 14 -> 20"
 
     log "building wheel (several minutes; MAKEFLAGS=$MAKEFLAGS)"
-    start=$SECONDS
     # --no-build-isolation: the build compiles against the torch installed here, not a fresh one
     # pip would fetch into an isolated environment.
     "$PYTHON" -m pip wheel --no-cache-dir --no-deps --no-build-isolation -w "$WORK/wheel" "$SRC"
-    BUILD_TIME="$((SECONDS - start))s"
 
     built="$(compgen -G "$WORK/wheel/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || true)"
     [[ -n "$built" ]] || die "pip wheel produced no horovod wheel"
@@ -270,13 +234,3 @@ assert os.environ["WANT_NCCL"] != "NCCL" or hvd.nccl_built(), "horovod was built
 print(f"[install-horovod] horovod {horovod.__version__} OK: size={hvd.size()} rank={hvd.rank()}",
       f"gloo={hvd.gloo_built()} mpi={hvd.mpi_built()} nccl={hvd.nccl_built()}")
 hvd.shutdown()'
-
-SCRIPTS_DIR="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
-[[ -x "$SCRIPTS_DIR/horovodrun" ]] || die "horovodrun not found in $SCRIPTS_DIR"
-log "horovodrun: $SCRIPTS_DIR/horovodrun"
-# horovodrun runs the worker command verbatim, so a bare 'python' in it resolves through PATH and
-# may pick an interpreter without horovod.
-if [[ ":$PATH:" != *":$SCRIPTS_DIR:"* ]]; then
-    log "note: $SCRIPTS_DIR is not on PATH; call $SCRIPTS_DIR/horovodrun and give it $PYTHON (not bare 'python'), or prepend that dir to PATH."
-fi
-log "build time: $BUILD_TIME"

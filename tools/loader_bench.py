@@ -4,10 +4,9 @@
     python tools/loader_bench.py --data /path/to/imagenet --images 500 --rounds 5 --paths pil,tv
     python tools/loader_bench.py --data DIR --paths tv --quick     # one number, for start.sh
 
-One process, one thread, files in the page cache (a warm-up pass reads them): what one loader
-worker decodes and augments per CPU second (time.process_time, which other processes hardly
-change), to compare with training images/s. Rounds interleave the paths; the median is reported.
-The paths crop and flip alike and differ in decoder and interpolation kernels (docs/data.md):
+What one loader worker (one process, one thread, files in the page cache) decodes and augments
+per CPU second (time.process_time, which other processes hardly change); rounds interleave the
+paths, and the median is reported. The paths differ in decoder and kernels (docs/data.md):
   pil        PIL decode + torchvision.transforms: torchvision's ImageNet example
   pil-v2     PIL decode, then transforms.v2 on a uint8 tensor (shows what the transforms alone save)
   tv-v2      torchvision.io.decode_image + transforms.v2 on a uint8 tensor
@@ -17,13 +16,13 @@ The paths crop and flip alike and differ in decoder and interpolation kernels (d
 
 import argparse
 import collections
+import glob
 import os
 import random
 import statistics
 import sys
 import time
 
-import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,37 +77,29 @@ def scripts_transform(size, train):
     counter = iter(range(1 << 62))
 
     def apply(image):
-        state = torch.default_generator.get_state()
-        torch.default_generator.manual_seed(next(counter))
-        image = tf(image)
-        torch.default_generator.set_state(state)
-        return image
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(next(counter))
+            return tf(image)
 
     return apply
 
 
-def sample_files(data, split, n, seed):
+def sample_files(data, split, n):
     folder = os.path.join(data, split)
-    files = [
-        os.path.join(d.path, f.name)
-        for d in os.scandir(folder)
-        if d.is_dir()
-        for f in os.scandir(d.path)
-        if f.name.lower().endswith((".jpeg", ".jpg"))
-    ]
+    pattern = os.path.join(folder, "*", "*")
+    files = sorted(f for f in glob.glob(pattern) if f.lower().endswith((".jpeg", ".jpg")))
     if not files:
         raise SystemExit(f"loader_bench.py: error: no JPEG files under {folder}")
-    files.sort()
-    return random.Random(seed).sample(files, min(n, len(files)))
+    return random.Random(0).sample(files, min(n, len(files)))
 
 
 def time_path(fn, files):
-    """CPU seconds and wall seconds for decoding + transforming every file once."""
-    c0, w0 = time.process_time(), time.perf_counter()
+    """CPU seconds for decoding + transforming every file once."""
+    start = time.process_time()
     for path in files:
         out = fn(path)
     assert out.dtype == torch.float32 and out.shape[0] == 3
-    return time.process_time() - c0, time.perf_counter() - w0
+    return time.process_time() - start
 
 
 def main(argv=None):
@@ -119,7 +110,6 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="rounds; the median is reported")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--quick", action="store_true", help="training only, one figure: img/s/core")
-    p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     torch.set_num_threads(1)  # a loader worker runs one thread (the DataLoader sets it so)
     names = [n for n in args.paths.split(",") if n]
@@ -130,47 +120,41 @@ def main(argv=None):
         make = "python tools/make_demo_data.py --imagenet"
         p.error(f"data folder {args.data} does not exist (make one: {make})")
     splits = [("train", True)] if args.quick else [("train", True), ("val", False)]
-    torch.manual_seed(args.seed)
+    torch.manual_seed(0)
     paths, skipped = {}, {}
     for name in names:
         try:
             paths[name] = {train: make_path(name, args.image_size, train) for _, train in splits}
         except ImportError as e:
             skipped[name] = f"not installed ({e.name}): pip install {e.name}"
-    files = {split: sample_files(args.data, split, args.images, args.seed) for split, _ in splits}
-    sizes = [os.path.getsize(f) for fs in files.values() for f in fs]
+    files = {split: sample_files(args.data, split, args.images) for split, _ in splits}
+    mean_kb = statistics.mean(os.path.getsize(f) for fs in files.values() for f in fs) / 1000
     for split, train in splits:  # warm-up: files into the page cache, allocators and kernels warm
         for fns in paths.values():
             time_path(fns[train], files[split][:20])
-    cpu, wall = collections.defaultdict(list), collections.defaultdict(list)  # (path, split): rates
+    rates = collections.defaultdict(list)  # (path, split): images per CPU second, a round each
     for _ in range(args.rounds):
         for split, train in splits:
             for name, fns in paths.items():
-                c, w = time_path(fns[train], files[split])
-                cpu[name, split].append(len(files[split]) / c)
-                wall[name, split].append(len(files[split]) / w)
+                rates[name, split].append(len(files[split]) / time_path(fns[train], files[split]))
+    med = {k: statistics.median(v) for k, v in rates.items()}
     if args.quick:
-        print(f"{statistics.median(cpu[names[0], 'train']):.0f}")
+        print(f"{med[names[0], 'train']:.0f}")
         return 0
     print(
         f"# loader_bench.py: {args.data}, {sum(len(f) for f in files.values())} files "
-        f"(mean {np.mean(sizes) / 1000:.0f} KB), {args.image_size} px, median of {args.rounds} "
+        f"(mean {mean_kb:.0f} KB), {args.image_size} px, median of {args.rounds} "
         f"rounds, 1 thread, torch {torch.__version__}"
     )
-    print(
-        "| path | train img/s per core | val img/s per core | train vs pil | val vs pil "
-        "| train img/s (wall) |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    med = {k: statistics.median(v) for k, v in cpu.items()}
+    print("| path | train img/s per core | val img/s per core | train vs pil | val vs pil |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for name in paths:
         rel = [f"{med[name, s] / med['pil', s]:.2f}x" if "pil" in paths else "" for s, _ in splits]
         print(
-            f"| {name} | {med[name, 'train']:.0f} | {med[name, 'val']:.0f} | {rel[0]} | {rel[1]} | "
-            f"{statistics.median(wall[name, 'train']):.0f} |"
+            f"| {name} | {med[name, 'train']:.0f} | {med[name, 'val']:.0f} | {rel[0]} | {rel[1]} |"
         )
     for name, why in skipped.items():
-        print(f"| {name} | skipped: {why} | | | | |")
+        print(f"| {name} | skipped: {why} | | | |")
     return 0
 
 

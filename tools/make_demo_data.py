@@ -6,15 +6,9 @@
     python tools/make_demo_data.py --imagenet --out data/imagenet-shaped --train-images 20000
 
 ImageFolder's layout, <out>/{train,val}/<class>/*.JPEG, plus <out>/DEMO_DATA.txt, which tells the
-training scripts to use their demo settings. Each class has its own colour and shape, drawn at a
-random place, size and rotation on a noisy background: easy to tell apart, yet a ResNet-18 on a
-2-core CPU still has to learn for a few epochs to get well above chance.
-
---imagenet writes data to time the input pipeline on instead: 1000 classes named like ImageNet's
-(n + 8 digits), its spread of image sizes (mean about 400x350) and photo-like content that
-compresses as photos do (about 110 KB a JPEG at quality 90), a few of them grayscale. It uses
---jobs processes and prints the mean file and image size. The same --seed writes the same bytes,
-whatever --jobs.
+training scripts to use their demo settings: a colour and a shape per class (docs/data.md).
+--imagenet writes data shaped like ImageNet's to time the input pipeline on instead, with --jobs
+processes. The same --seed writes the same bytes, whatever --jobs.
 """
 
 import argparse
@@ -282,7 +276,7 @@ DEMO_NOTE = (
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="data/demo", help="output folder (default: data/demo)")
-    p.add_argument("--imagenet", action="store_true", help="ImageNet-shaped data (see above)")
+    p.add_argument("--imagenet", action="store_true", help="ImageNet-shaped data (docs/data.md)")
     p.add_argument("--classes", type=int, help="default: 10; 1000 with --imagenet")
     p.add_argument("--train-images", type=int, help="in all (default: 64 per class)")
     p.add_argument("--val-images", type=int, help="in all (default: 16 per class)")

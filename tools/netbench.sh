@@ -1,29 +1,22 @@
 # netbench.sh: the network benchmark of start.sh (bash start.sh --hosts N --link RATES; docs/benchmark.md),
 # sourced by start.sh after its configuration. Each process runs in a test host of tools/hosts.sh (a network
-# namespace) whose eth0 is shaped with tc to the rate under test. In order: one process's compute
-# (tools/scaling_model.py profile); per rate the link (tools/allreduce_bench.py, from 2 to the most hosts a row
-# uses); each row once in one process (one host), the same work per process; each row at each rate.
+# namespace) whose eth0 is shaped with tc to the rate under test; network_benchmark lists the steps.
 #
 # Uses from start.sh: PROG ROOT PYTHON TORCHRUN RESULTS ARCH IMAGE_SIZE BATCH WORKERS PRINT_FREQ CORES
-# CMDLINE FAILED IS_TTY, die, progress_text, and NHOSTS LINKS ROWS STEPS set by its options.
+# CMDLINE FAILED IS_TTY, die, progress_text, record (to MANIFEST), and NHOSTS LINKS ROWS STEPS set by its options.
 
 NET_PREFIX=${HOSTS_PREFIX:-nb}      # our own set of hosts, apart from the tests' node0, node1, ...
 NET_NET=${HOSTS_NET:-10.213.9}
 NET_TIMEOUT=${NET_TIMEOUT:-900}     # seconds any one run may take: a hang shows as a failure
 NET_VAL_IMAGES=16
 ALLREDUCE_MAX=${ALLREDUCE_MAX:-16M}  # the largest all-reduce timed per link: enough to fit its bandwidth
-BACKENDS_NET="distributed apex fsdp multiprocessing horovod slurm"
+BACKENDS_NET="distributed apex fsdp multiprocessing horovod"
 
 hosts_sh() { HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET bash "$ROOT/tools/hosts.sh" "$@"; }
 shape() { hosts_sh shape "${1/#unshaped/off}" >/dev/null 2>&1 || die "could not shape the hosts' links to $1"; }
 host() { echo "$NET_PREFIX$1"; }
 
-# ---- rows: BACKEND[+TAG...] ----
-# TAG: bf16 or fp16 (--grad-compression TAG); accumK (--gradient-accumulation-steps K, global batch x K,
-# so that each process's micro-batch stays the same and only the communication per image changes);
-# SIZEpx (--image-size SIZE: more compute per step); Mhosts (across M hosts instead of N, one process
-# each, the same micro-batch per process); onebucket (DDP's gradients in one bucket, all-reduced after
-# the backward pass: the row's no-overlap baseline); or a script option as one word (+--amp=bf16).
+# ---- rows: BACKEND[+TAG...], the tags as docs/benchmark.md lists them ----
 # Sets R_BACKEND, R_SCRIPT, R_K, R_SIZE, R_HOSTS, R_WRAP and R_ARGS (arrays).
 parse_row() {
     local row=$1 tag
@@ -34,7 +27,6 @@ parse_row() {
     R_ARGS=() R_WRAP=()
     case $R_BACKEND in
         distributed) R_SCRIPT=distributed.py ;;
-        slurm) R_SCRIPT=distributed_slurm_main.py ;;
         apex | fsdp | multiprocessing | horovod) R_SCRIPT=${R_BACKEND}_distributed.py ;;
         *) die "row '$row': '$R_BACKEND' does not run across hosts here (one of: ${BACKENDS_NET// /, })" ;;
     esac
@@ -49,7 +41,7 @@ parse_row() {
             [1-9]*hosts)
                 R_HOSTS=${tag%hosts}
                 [[ $R_HOSTS =~ ^[0-9]+$ ]] && ((R_HOSTS >= 2 && R_HOSTS <= 16)) || die "row '$row': '$tag' wants 2 to 16 hosts"
-                [[ $R_BACKEND != horovod && $R_BACKEND != slurm ]] || die "row '$row': $R_BACKEND runs across --hosts N only" ;;
+                [[ $R_BACKEND != horovod ]] || die "row '$row': horovod runs across --hosts N only" ;;
             onebucket)
                 [[ $R_BACKEND == distributed || $R_BACKEND == apex ]] || die "row '$row': onebucket is for torchrun's DDP rows"
                 R_WRAP=(tools/scaling_model.py one-bucket) ;;
@@ -62,7 +54,7 @@ parse_row() {
 
 # The one-process run a row is compared with: the same script and tags but those of the hosts (Mhosts,
 # onebucket), except that the launchers that all run distributed.py's DDP step (mp.spawn, horovodrun,
-# srun, and FSDP, which in one process shards nothing) share distributed.py's.
+# and FSDP, which in one process shards nothing) share distributed.py's.
 ref_of() {
     local backend=${1%%+*} tag ref
     local -a parts
@@ -74,19 +66,19 @@ ref_of() {
     echo "$ref"
 }
 
-# The options of R_ARGS that R_SCRIPT does not have (its --help, read once per script), or nothing.
-HELP_DIR=
+# The options of R_ARGS that R_SCRIPT does not have (its --help, read once per script into the runs'
+# folder: this runs in subshells), or nothing.
 missing_options() {
-    local script=$1 word opt missing=""
+    local script=$1 word opt missing="" help=$RUNS/options-of-$1
     shift
     (($#)) || return 0  # no options to look for: no need to start the script
-    if [[ ! -e $HELP_DIR/$script ]]; then  # its options, one a line
-        "$PYTHON" "$ROOT/$script" --help 2>&1 | grep -oE -- '--?[A-Za-z0-9][A-Za-z0-9_-]*' >"$HELP_DIR/$script" || true
+    if [[ ! -e $help ]]; then  # its options, one a line
+        "$PYTHON" "$ROOT/$script" --help 2>&1 | grep -oE -- '--?[A-Za-z0-9][A-Za-z0-9_-]*' >"$help" || true
     fi
     for word in "$@"; do
         [[ $word == -* ]] || continue
         opt=${word%%=*}
-        grep -qxF -- "$opt" "$HELP_DIR/$script" || missing+="${missing:+ }$opt"
+        grep -qxF -- "$opt" "$help" || missing+="${missing:+ }$opt"
     done
     echo "$missing"
 }
@@ -121,6 +113,7 @@ NET_PORT=29400
 run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-- command-for-host-1 ...]
     # result: the file a run that worked leaves (- for DIR/metrics.jsonl)
     local name=$1 rate=$2 ref=$3 procs=$4 threads=$5 dir=$6 result=$7 start=$SECONDS rc=0 h text last="" label
+    local cmdtext="" one status=ok  # cmdtext: the commands, '; ' between them
     shift 8
     [[ $result == - ]] && result=$dir/metrics.jsonl
     local -a cmd
@@ -128,18 +121,13 @@ run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-
     NET_TAG=$dir
     NET_PIDS=()
     h=0
-    : >"$dir/command.txt"
     while (($#)); do
         cmd=()
         while (($#)) && [[ $1 != -- ]]; do cmd+=("$1"); shift; done
         (($#)) && shift
-        if [[ ${cmd[0]} == @here ]]; then  # run on this machine (srun), not in a host
-            cmd=("${cmd[@]:1}")
-        else
-            cmd=(tools/hosts.sh exec "$(host "$h")" "${cmd[@]}")
-        fi
-        printf '%q ' "${cmd[@]}" >>"$dir/command.txt"
-        printf '\n' >>"$dir/command.txt"
+        cmd=(tools/hosts.sh exec "$(host "$h")" "${cmd[@]}")
+        printf -v one '%q ' "${cmd[@]}"
+        cmdtext="${cmdtext:+${cmdtext% }; }$one"
         HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET setsid "${cmd[@]}" >"$dir/host$h.log" 2>&1 </dev/null &
         NET_PIDS+=($!)
         h=$((h + 1))
@@ -165,64 +153,52 @@ run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-
     NET_TAG=
     local wall=$((SECONDS - start))
     ((IS_TTY)) && printf '\r\033[K'
-    local cmdtext
-    cmdtext=$(paste -sd';' "$dir/command.txt" | sed 's/ *;/; /g; s/; $//')
     if ((rc == 0)) && [[ -s $result ]]; then
         text=$(progress_text "$label" "$dir/host0.log" "$start")
         if ((IS_TTY)) || [[ ${text% *} != "${last% *}" ]]; then echo "$text"; fi
-        net_record "$name" "$rate" "$ref" ok "$procs" "$threads" "$rc" "$wall" "$cmdtext"
     else
         ((rc == 124)) && echo "$label: TIMED OUT after ${NET_TIMEOUT}s (NET_TIMEOUT)" ||
             echo "$label: FAILED with exit status $rc after ${wall}s; last lines of $dir/host*.log:"
         for f in "$dir"/host*.log; do tail -n 8 "$f" | sed "s|^|    ${f##*/}: |"; done
-        net_record "$name" "$rate" "$ref" failed "$procs" "$threads" "$rc" "$wall" "$cmdtext"
-        FAILED=1
+        status=failed FAILED=1
     fi
-}
-
-net_record() {  # row rate reference status procs threads rc wall command-or-reason
-    local IFS=$'\t'
-    echo "$*" >>"$MANIFEST"
+    record "$name" "$rate" "$ref" "$status" "$procs" "$threads" "$rc" "$wall" "$cmdtext"
 }
 
 net_skip() {  # row rate reason
     printf '%-34s not run: %s\n' "$1 @ $2" "$3"
-    net_record "$1" "$2" - skipped - - - - "$3"
+    record "$1" "$2" - skipped - - - - "$3"
 }
 
 # ---- the rows' launchers across the hosts ----
-torchrun_all() {  # hosts port command...: torchrun on every host, static rendezvous at host 0 by name
-    local n=$1 port=$2 h
-    shift 2
+each_host() {  # hosts word...: ALL, the command for each host in turn, @H in a word its index
+    local n=$1 h word
+    shift
     ALL=()
     for ((h = 0; h < n; h++)); do
         ((h > 0)) && ALL+=(--)
-        ALL+=("$TORCHRUN" --nnodes="$n" --nproc_per_node=1 --node-rank="$h" --master-addr="$(host 0)"
-              --master-port="$port" "$@")
+        for word in "$@"; do ALL+=("${word//@H/$h}"); done
     done
 }
 
+torchrun_all() {  # hosts port command...: torchrun on every host, static rendezvous at host 0 by name
+    each_host "$1" "$TORCHRUN" --nnodes="$1" --nproc_per_node=1 --node-rank=@H --master-addr="$(host 0)" \
+        --master-port="$2" "${@:3}"
+}
+
 launch_row() {  # name rate dir script-args...: the row of R_* at one rate, across R_HOSTS hosts
-    local name=$1 rate=$2 dir=$3 h port hostlist=""
+    local name=$1 rate=$2 dir=$3 h hostlist=""
     shift 3
     case $R_BACKEND in
         distributed | apex | fsdp)
             torchrun_all "$R_HOSTS" $((NET_PORT++)) "${R_WRAP[@]}" "$R_SCRIPT" "$@" --output-dir "$dir" ;;
         multiprocessing)  # the script on every host, node rank --rank, rendezvous at host 0
-            port=$((NET_PORT++))
-            ALL=()
-            for ((h = 0; h < R_HOSTS; h++)); do
-                ((h > 0)) && ALL+=(--)
-                ALL+=("$PYTHON" "$R_SCRIPT" --world-size "$R_HOSTS" --rank "$h" --nprocs 1 --dist-url "tcp://$(host 0):$port"
-                      "$@" --output-dir "$dir")
-            done ;;
+            each_host "$R_HOSTS" "$PYTHON" "$R_SCRIPT" --world-size "$R_HOSTS" --rank @H --nprocs 1 \
+                --dist-url "tcp://$(host 0):$((NET_PORT++))" "$@" --output-dir "$dir" ;;
         horovod)  # horovodrun on host 0, which starts the other hosts' ranks through ssh
             for ((h = 0; h < R_HOSTS; h++)); do hostlist+="${hostlist:+,}$(host "$h"):1"; done
             ALL=("$HVDRUN" -np "$R_HOSTS" -H "$hostlist" --gloo -p "$SSH_PORT" -i "$SSH_DIR/client_key" --start-timeout 120
                  "$PYTHON" "$R_SCRIPT" "$@" --output-dir "$dir") ;;
-        slurm)  # srun from this machine; slurmd in each host starts its task there
-            ALL=(@here srun --quiet --kill-on-bad-exit=1 -N "$R_HOSTS" --ntasks-per-node=1 "$PYTHON" "$R_SCRIPT" "$@"
-                 --output-dir "$dir") ;;
     esac
     # horovodrun's ssh is ours, first on PATH (not in the command line: the report shows that)
     PATH=${SSH_DIR:+$SSH_DIR/bin:}$PATH run_hosts "$name" "$rate" "$(ref_of "$name")" "$R_HOSTS" "$THREADS" "$dir" - \
@@ -262,45 +238,15 @@ horovod_teardown() {
     SSH_DIR=
 }
 
-SLURM_LOCK=/tmp/slurm-cluster.lock  # tests/test_multihost.py takes it too while the cluster has two nodes
-SLURM_HELD=0   # we hold the lock
-SLURM_MOVED=0  # we moved the cluster onto our hosts
-slurm_setup() {  # the local cluster of tools/slurm-local.sh, on our hosts, while we hold its lock
-    command -v srun >/dev/null && command -v sinfo >/dev/null || { echo "no Slurm (sinfo/srun not installed) — bash tools/slurm-local.sh up"; return 1; }
-    exec {SLURM_FD}>>"$SLURM_LOCK"
-    flock -w 300 "$SLURM_FD" || { echo "$SLURM_LOCK held by another user for 300 s"; return 1; }
-    SLURM_HELD=1
-    # under the lock: no one else has the cluster on hosts of theirs, so it is the one-node cluster or none
-    bash "$ROOT/tools/slurm-local.sh" status >/dev/null 2>&1 || { echo "no local Slurm cluster running — bash tools/slurm-local.sh up"; return 1; }
-    SLURM_MOVED=1
-    HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET bash "$ROOT/tools/slurm-local.sh" up --nodes "$NHOSTS" \
-        >"$RUNS/slurm-up.log" 2>&1 || { echo "tools/slurm-local.sh up --nodes $NHOSTS failed: see $RUNS/slurm-up.log"; return 1; }
-}
-
-slurm_teardown() {  # back to the one-node cluster, for whoever uses it next
-    if ((SLURM_MOVED)); then
-        bash "$ROOT/tools/slurm-local.sh" up >>"$RUNS/slurm-up.log" 2>&1 ||
-            echo "$PROG: warning: tools/slurm-local.sh up (back to one node) failed: see $RUNS/slurm-up.log" >&2
-        SLURM_MOVED=0
-    fi
-    if ((SLURM_HELD)); then
-        flock -u "$SLURM_FD"
-        SLURM_HELD=0
-    fi
-}
-
 # ---- the benchmark ----
 NET_MADE_HOSTS=0
 net_cleanup() {
     kill_run
     horovod_teardown
-    slurm_teardown
     if [[ -n ${NET_UP:-} ]]; then
         hosts_sh shape off >/dev/null 2>&1 || true
         ((NET_MADE_HOSTS)) && hosts_sh down >/dev/null 2>&1 || true
     fi
-    [[ -n $HELP_DIR ]] && rm -rf -- "$HELP_DIR"
-    HELP_DIR=
 }
 
 net_on_signal() {
@@ -331,7 +277,6 @@ network_benchmark() {
     : >"$MANIFEST"
     trap net_on_signal INT TERM
     trap net_cleanup EXIT
-    HELP_DIR=$(mktemp -d)  # made here: missing_options runs in subshells
 
     hosts_sh status >/dev/null 2>&1 || NET_MADE_HOSTS=1
     hosts_sh up "$most" 2>&1 | sed "s/^/$PROG: /"
@@ -379,15 +324,15 @@ network_benchmark() {
 
     # 3. each row alone in one process (one host): the work per process of the runs across hosts
     local -A ref_done=()
-    local ref missing gb
+    local ref gb
     for row in ${ROWS//,/ }; do
         ref=$(ref_of "$row")
         [[ -n ${ref_done[$ref]:-} ]] && continue
         ref_done[$ref]=1
         parse_row "$ref"
-        missing=$(missing_options "$R_SCRIPT" "${R_ARGS[@]}")
-        if [[ -n $missing ]]; then
-            net_skip "$ref" "1 host" "$R_SCRIPT has no $missing (yet)"
+        row_setup  # a reference is distributed.py's or apex's: its options only are checked
+        if [[ -n $WHY ]]; then
+            net_skip "$ref" "1 host" "$WHY"
             continue
         fi
         gb=$((micro * R_K))
@@ -398,7 +343,7 @@ network_benchmark() {
             --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" "${R_ARGS[@]}" --output-dir "$RUNS/1host/$ref"
     done
 
-    # 4. every row at every rate, row by row (a backend's set-up, sshd or the Slurm cluster, is made once)
+    # 4. every row at every rate, row by row (a backend's set-up, sshd in the hosts, is made once)
     for row in ${ROWS//,/ }; do
         parse_row "$row"
         row_setup
@@ -414,7 +359,6 @@ network_benchmark() {
                 -j "$WORKERS" --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" --dist-timeout 300 "${R_ARGS[@]}"
         done
         [[ $R_BACKEND == horovod ]] && horovod_teardown
-        [[ $R_BACKEND == slurm ]] && slurm_teardown
     done
 
     WALL=$((SECONDS - T0))
@@ -431,7 +375,7 @@ network_benchmark() {
 }
 
 # WHY: why the row of R_* cannot run, or nothing once its backend is set up (sshd in the hosts for
-# Horovod, the Slurm cluster on them). Not to be called in a subshell: it sets SSH_DIR, takes a lock.
+# Horovod). Not to be called in a subshell: it sets SSH_DIR.
 row_setup() {
     WHY=$(missing_options "$R_SCRIPT" "${R_ARGS[@]}")
     [[ -n $WHY ]] && WHY="$R_SCRIPT has no $WHY (yet)"
@@ -446,8 +390,5 @@ row_setup() {
             WHY="horovod: could not start sshd in the hosts: $(tail -n 1 "$RUNS/horovod-setup.log")"
             horovod_teardown
         fi
-    elif [[ -z $WHY && $R_BACKEND == slurm ]] && ! slurm_setup >"$RUNS/slurm-setup.log" 2>&1; then
-        WHY="slurm: $(tail -n 1 "$RUNS/slurm-setup.log")"
-        slurm_teardown
     fi
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Step time and scaling efficiency of DDP or FSDP training on N nodes x G processes, from one
-process's compute and a link: the model docs/scaling.md describes and checks against measured runs.
+process's compute and a link. docs/scaling.md describes the model and checks it against runs.
 
     python tools/scaling_model.py profile -a resnet18 --image-size 64 --batch 8 --out prof.json
     # the link: tools/allreduce_bench.py --json across hosts (one file per process count), or a rate
@@ -10,13 +10,6 @@ process's compute and a link: the model docs/scaling.md describes and checks aga
     # a GPU this project has not measured: a published rate instead of a profile
     python tools/scaling_model.py predict -a resnet50 --images-per-s 2470 --batch 256 \\
         --gpus-per-node 8 --nodes 1,2,4,8,16 --link 25gbit,100gbit,400gbit --intra-busbw 230
-
-One optimizer step of one process (all do the same, in lockstep), K micro-batches of b images:
-DDP overlaps each bucket's all-reduce with the rest of the last backward pass; FSDP2 waits for its
-all-gathers and reduce-scatters (as on CPU; on GPUs an upper bound). A collective of S bytes over
-n processes takes alpha(n) + S x f / busbw (a ring: f = 2 (n - 1) / n for an all-reduce, (n - 1) /
-n for the others; alpha(n) = base + 2 (n - 1) x hop). images/s = K b N G / step; efficiency =
-images/s over N G times one process's images/s alone.
 """
 
 import argparse
@@ -44,9 +37,8 @@ def fail(message):
 
 
 def ddp_buckets(sizes, first_cap=FIRST_BUCKET, cap=BUCKET):
-    """Indices into `sizes` (bytes of each parameter, in the order their gradients become ready),
-    grouped as DDP groups them after its first iteration: a bucket closes once it holds its cap, the
-    first bucket's cap small so that the first all-reduce starts early. Tests hold it to DDP's."""
+    """Indices into `sizes` (bytes of each gradient, in the order they become ready), grouped as
+    DDP does after its first iteration: a bucket closes once it holds its cap."""
     buckets, current, total = [], [], 0
     for i, size in enumerate(sizes):
         current.append(i)
@@ -58,9 +50,8 @@ def ddp_buckets(sizes, first_cap=FIRST_BUCKET, cap=BUCKET):
 
 
 def fsdp_groups(model):
-    """Bytes of the groups fsdp_distributed.py shards `model` into, in the order it makes them (the
-    root's last): a module holding over a tenth of the parameters not yet in a group is split into
-    its children (an attention module never is), and what is left of it is one group."""
+    """Bytes of the groups fsdp_distributed.py shards `model` into, the root's last: a module with
+    over a tenth of the loose parameters is split into its children (an attention module never)."""
     total = sum(p.numel() for p in model.parameters())
     taken, groups = set(), []
 
@@ -83,8 +74,6 @@ def fsdp_groups(model):
 
 
 def make_profile(source, times, params, buckets, model, **fields):
-    """times: forward, backward and optimizer seconds; params: bytes and ready time of each
-    gradient; buckets: lists of indices into params; model: to count its FSDP groups."""
     return dict(
         source=source,
         forward_s=times[0],
@@ -98,8 +87,7 @@ def make_profile(source, times, params, buckets, model, **fields):
     )
 
 
-def bucket(params, indices):
-    """A bucket is ready when its last gradient is."""
+def bucket(params, indices):  # ready when its last gradient is
     return dict(
         bytes=sum(params[i]["bytes"] for i in indices),
         ready_s=max(params[i]["ready_s"] for i in indices),
@@ -108,8 +96,8 @@ def bucket(params, indices):
 
 
 def measure_profile(arch, image_size, batch, num_classes, threads, steps=5, warmup=2):
-    """Times one process's training step of `arch` on random images, under DDP in a world of one
-    (so its bucket copies and hooks are in the times), and reads DDP's rebuilt buckets."""
+    """One process's training step of `arch` on random images, timed under DDP in a world of one
+    (its bucket copies and hooks included), and DDP's rebuilt buckets."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -179,11 +167,9 @@ def measure_profile(arch, image_size, batch, num_classes, threads, steps=5, warm
 
 
 def given_profile(arch, image_size, batch, num_classes, images_per_s):
-    """A profile from a published rate: batch / images_per_s a step, split into forward and backward
-    by FLOPs, each module's share of the backward in proportion to its own forward FLOPs (those not
-    in its children), the modules done in reverse order of the forward's first call to each. A
-    parameter is ready when the module that owns it is done (one the forward never calls: when its
-    caller is). Nothing is computed: the model runs on the meta device."""
+    """A profile from a published rate, the step split by FLOPs (on the meta device): a module's
+    share of the backward is its own forward FLOPs', the modules done in reverse order of first
+    call, and a parameter is ready when its owner (or the owner's caller) is done."""
     import torch
     import torchvision
     from torch.utils.flop_counter import FlopCounterMode
@@ -247,10 +233,8 @@ def given_profile(arch, image_size, batch, num_classes, images_per_s):
 
 
 def calibrated(profile, alone_s, accum=1, data_s=0.0):
-    """The profile with its times scaled so that one process's step alone (accum micro-batches and
-    the optimizer) takes alone_s, a measured figure: the profile gives the split (forward, backward,
-    when each gradient and so each bucket is ready), the measurement the speed on the day, loader
-    included."""
+    """The profile with its times scaled so that one process's step alone takes alone_s, measured:
+    the profile gives the split, the measurement the speed on the day, loader included."""
     own = accum * (data_s + profile["forward_s"] + profile["backward_s"]) + profile["optimizer_s"]
     k = alone_s / own
 
@@ -263,14 +247,13 @@ def calibrated(profile, alone_s, accum=1, data_s=0.0):
         backward_s=k * profile["backward_s"],
         optimizer_s=k * profile["optimizer_s"],
         buckets=scaled(profile["buckets"]),
-        params=scaled(profile.get("params", [])),
+        params=scaled(profile["params"]),
         calibration=k,
     )
 
 
 def rebucket(profile, cap_mb):
-    """The profile with DDP's buckets for bucket_cap_mb=cap_mb (given explicitly, DDP uses it for
-    the first bucket too), made from the gradients' ready times."""
+    """The profile with DDP's buckets for bucket_cap_mb=cap_mb (the first bucket's cap too)."""
     params = sorted(profile["params"], key=lambda p: p["ready_s"])
     cap = int(cap_mb * MiB)
     groups = ddp_buckets([p["bytes"] for p in params], first_cap=cap, cap=cap)
@@ -291,8 +274,8 @@ def parse_rate(text):
 
 
 def hop_latency(points):
-    """The latency of one ring step from (steps, alpha) pairs: the least-squares slope over several
-    process counts (0 if noise makes it negative), or alpha / steps from one."""
+    """A ring step's latency from (steps, alpha) pairs: the least-squares slope (not below 0), or
+    alpha / steps from one pair."""
     xs, ys = zip(*points, strict=True)
     if len(set(xs)) < 2:
         return ys[0] / xs[0]
@@ -302,24 +285,21 @@ def hop_latency(points):
 
 
 class Link:
-    """A node's link as collectives see it. ops: {collective: (base seconds, busbw bytes/s)};
-    hop_s: the latency a ring step adds; intra_busbw: bytes/s within a node."""
+    """A node's link: ops {collective: (base seconds, busbw bytes/s)}, hop_s a ring step's latency,
+    intra_busbw bytes/s within a node."""
 
     def __init__(self, name, ops, hop_s=0.0, intra_busbw=None):
         self.name, self.ops, self.hop_s, self.intra_busbw = name, ops, hop_s, intra_busbw
 
     @classmethod
     def rate(cls, rate, efficiency=1.0, hop_s=0.0, intra_busbw=None):
-        """NCCL's ring over a link of the given rate: every collective at rate x efficiency."""
         busbw = parse_rate(rate) * efficiency
         name = f"{rate} x {efficiency:g}, {hop_s * 1e6:g} us a hop"
         return cls(name, {op: (0.0, busbw) for op in OPS}, hop_s, intra_busbw)
 
     @classmethod
     def measured(cls, paths, intra_busbw=None):
-        """From tools/allreduce_bench.py --json files, one per process count: each collective's
-        busbw and alpha at the fewest processes, and a ring step's latency from how the
-        all-reduce's latency (its time at the smallest size, less that size's bytes) grows."""
+        """From tools/allreduce_bench.py --json files, one per process count (docs/scaling.md)."""
         benches = {}
         for path in paths:
             with open(path) as f:
@@ -347,7 +327,6 @@ class Link:
         return cls(name, ops, hop, intra_busbw)
 
     def time(self, op, nbytes, nodes, per_node):
-        """Seconds of one collective of nbytes (its size as nccl-tests counts it)."""
         n = nodes * per_node
         if n == 1 or nbytes == 0:
             return 0.0
@@ -368,7 +347,7 @@ class Link:
 
 
 def step_time(profile, link, nodes, per_node, compression="none", accum=1, data_s=0.0):
-    """One DDP optimizer step of one process (the module's docstring): seconds and rates."""
+    """One DDP optimizer step of one process (docs/scaling.md, The model)."""
     fwd, bwd, opt = profile["forward_s"], profile["backward_s"], profile["optimizer_s"]
     n = nodes * per_node
     squeeze = SQUEEZE.get(compression, 1.0)
@@ -386,7 +365,7 @@ def step_time(profile, link, nodes, per_node, compression="none", accum=1, data_
 
 
 def fsdp_step_time(profile, link, nodes, per_node, compression="none", accum=1, data_s=0.0):
-    """One FSDP2 optimizer step of one process, its collectives in turn (the docstring)."""
+    """One FSDP2 optimizer step of one process, its collectives in turn."""
     groups, squeeze = profile["fsdp_groups"], SQUEEZE.get(compression, 1.0)
     gather = [link.time("all_gather", b, nodes, per_node) for b in groups]
     scatter = [link.time("reduce_scatter", b * squeeze, nodes, per_node) for b in groups]
@@ -445,8 +424,7 @@ def cmd_profile(args):
 
 
 def cmd_one_bucket(args):
-    """Runs a training script with all of DDP's gradients in one bucket, so that its all-reduce
-    starts when the backward pass ends and overlaps nothing: the no-overlap baseline of a row."""
+    """Runs a script with all DDP's gradients in one bucket: the no-overlap baseline of a row."""
     import runpy
 
     from torch import nn
@@ -461,7 +439,6 @@ def cmd_one_bucket(args):
 
 
 def load_profile(args):
-    """The compute: measured (--profile) or from a published rate (-a, --images-per-s, --batch)."""
     if args.profile:
         try:
             with open(args.profile) as f:
@@ -504,8 +481,6 @@ def cmd_predict(args):
     if args.alone_step:
         profile, data_s = calibrated(profile, args.alone_step, args.accum, data_s), 0.0
     if args.bucket_cap_mb:
-        if not profile.get("params"):
-            fail(f"--bucket-cap-mb: the profile has no gradient ready times (an older {PROG}'s)")
         profile = rebucket(profile, args.bucket_cap_mb)
     rows = []
     settings = itertools.product(links, args.nodes, args.strategy, args.compression)
@@ -544,7 +519,6 @@ def cmd_predict(args):
 
 
 def comma_list(kind, name, choices=()):
-    """An argparse type: a comma-separated list of `kind`, each one of `choices` if given."""
     listed = ", ".join(choices[:-1]) + " or " + choices[-1] if choices else ""
 
     def parse(text):

@@ -3,18 +3,11 @@
 #
 #   tools/slurm-local.sh up [--nodes N]  install (if needed), configure and start the cluster
 #   tools/slurm-local.sh down            cancel jobs and stop every slurmd, slurmctld and munged
-#   tools/slurm-local.sh status          show sinfo and daemon state; exit 0 only if it is usable
+#   tools/slurm-local.sh status          print the nodes' states; exit 0 only if it is usable
 #
-# The Slurm code path (distributed_slurm_main.py) reads its rank layout from SLURM_* variables that
-# only srun sets, so it cannot be exercised without a cluster. `up` starts the smallest one that is
-# still real: munged, slurmctld and slurmd on localhost, as plain daemons, so that it works in
-# containers and CI runners without systemd. With --nodes N (N > 1) the nodes are the test hosts of
-# tools/hosts.sh instead (network namespaces node0 .. node(N-1), made if needed), one slurmd in
-# each and slurmctld on this machine's end of their bridge, so that jobs really span hosts: srun -N2
-# -n2 hostname prints node0 and node1. `up` without --nodes goes back to one node (the test hosts
-# stay; tools/hosts.sh down removes them). Each node advertises SLURM_LOCAL_GPUS GPUs (default 4):
-# placeholders with no device behind them, so that GPU job scripts (slurm/train.sbatch asks
-# --gpus-per-node=4) are accepted and run on CPU. Targets Debian 12 (slurm-wlm 22.05). Needs root.
+# munged, slurmctld and slurmd run as plain daemons (no systemd). With --nodes N the nodes are the
+# test hosts of tools/hosts.sh, one slurmd in each; each node advertises SLURM_LOCAL_GPUS (default
+# 4) placeholder GPUs. docs/slurm-and-multinode.md says more. Needs root; targets Debian 12.
 set -euo pipefail
 umask 022  # the daemons read what is written here as other users
 
@@ -30,9 +23,6 @@ LOGS=/var/log/slurm
 CTLD_PID=/run/slurmctld.pid
 MUNGE_PID=/run/munge/munged.pid
 NODES=1
-# The name of slurmd's pidfile, log and spool folder: one slurmd, or one per test host (%n: the
-# node's name), whose pidfiles are /run/slurmd-*.pid.
-SLURMD=slurmd
 
 usage() {
     sed -n '4,6p' "$0" | sed 's/^# \{0,1\}//' >&2
@@ -53,8 +43,6 @@ node_names() {
 # The node count of the running configuration, or nothing.
 configured_nodes() { sed -n 's/^# nodes: \([0-9]*\)$/\1/p' "$CONF" 2>/dev/null || true; }
 
-host_pidfiles() { compgen -G "/run/slurmd-*.pid" || true; }
-
 # PID from a pidfile, only if that process is alive.
 pid_alive() {
     local pid
@@ -63,22 +51,28 @@ pid_alive() {
     [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
 }
 
+# Run CMD... until it succeeds, every 0.2 s for at most SECS seconds.
+retry() {
+    local deadline=$((SECONDS + $1))
+    shift
+    until "$@"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.2
+    done
+}
+
 # Falls back to an exact process-name match for daemons started by someone else (e.g. a
 # previous run whose pidfile was lost).
 daemon_running() {
     pid_alive "$2" >/dev/null || pgrep -x "$1" >/dev/null 2>&1
 }
 
-# Whether the slurmd of every node of the configuration runs (one slurmd writes its pidfile a moment
+# Whether the slurmd of every node of the configuration runs (a slurmd writes its pidfile a moment
 # after it starts).
 slurmds_running() {
     local name
-    if ((NODES == 1)); then
-        daemon_running slurmd /run/slurmd.pid
-        return
-    fi
     for name in $(node_names); do
-        pid_alive "/run/${SLURMD//%n/$name}.pid" >/dev/null || return 1
+        daemon_running slurmd "/run/slurmd-$name.pid" || return 1
     done
 }
 
@@ -86,12 +80,10 @@ node_state() { sinfo -h -n "$1" -o %T 2>/dev/null | head -n1 || true; }
 
 # idle/mixed/allocated/completing mean the node accepts work; a trailing
 # '*' means slurmctld has not heard from slurmd yet, so it is not usable.
-state_usable() { [[ $1 =~ ^(idle|mixed|allocated|completing)$ ]]; }
-
 all_usable() {
     local name
     for name in $(node_names); do
-        state_usable "$(node_state "$name")" || return 1
+        [[ $(node_state "$name") =~ ^(idle|mixed|allocated|completing)$ ]] || return 1
     done
 }
 
@@ -119,10 +111,7 @@ hosts_up() {
 
 ensure_packages() {
     local packages=(slurmctld slurmd slurm-client munge)
-    if [[ $(dpkg-query -W -f='${Status}\n' "${packages[@]}" 2>/dev/null | grep -c 'ok installed$') == 4 ]]; then
-        return 0
-    fi
-    command -v apt-get >/dev/null || die "missing packages (of ${packages[*]}) and no apt-get"
+    if dpkg -s "${packages[@]}" >/dev/null 2>&1; then return 0; fi
     log "installing ${packages[*]}"
     # Package postinst scripts try to start services; in a container without systemd that only
     # produces noise, so a policy-rc.d denial keeps them quiet (unless one is already in place)
@@ -138,11 +127,8 @@ ensure_packages() {
         die "apt-get install ${packages[*]} failed"
 }
 
-# Whether a configuration file is absent or one this script wrote (a user's own is left alone).
-ours() { [[ ! -e $1 ]] || grep -qF "$MARKER" "$1"; }
-
 write_config() {
-    local cpus mem ctld_addr=127.0.0.1 addr nodes="" name i=0 backup
+    local cpus mem ctld_addr=127.0.0.1 addr nodes="" name i=0 f
     cpus=$(nproc)
     ((cpus >= MIN_CPUS)) || cpus=$MIN_CPUS
     mem=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
@@ -154,11 +140,13 @@ write_config() {
         ((NODES > 1)) || addr=127.0.0.1
         nodes+="NodeName=$name NodeAddr=$addr CPUs=$cpus RealMemory=$mem Gres=gpu:$GPUS State=UNKNOWN"$'\n'
     done
-    if ! ours "$CONF"; then
-        backup=$CONF.bak.$(date +%Y%m%d%H%M%S)
-        log "existing $CONF was not written by this script; saved it as $backup"
-        cp -p "$CONF" "$backup"
-    fi
+    # a user's own configuration is kept aside, not lost
+    for f in "$CONF" /etc/slurm/gres.conf /etc/slurm/cgroup.conf; do
+        if [[ -e $f ]] && ! grep -qF "$MARKER" "$f"; then
+            log "existing $f was not written by this script; saving it as $f.bak.*"
+            cp -p "$f" "$f.bak.$(date +%Y%m%d%H%M%S)"
+        fi
+    done
     install -d -m 0755 /etc/slurm
     cat >"$CONF.new" <<EOF
 $MARKER
@@ -172,11 +160,11 @@ SlurmctldHost=$(hostname -s)($ctld_addr)
 SlurmUser=slurm
 SlurmdUser=root
 StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/$SLURMD
+SlurmdSpoolDir=/var/spool/slurmd-%n
 SlurmctldPidFile=$CTLD_PID
-SlurmdPidFile=/run/$SLURMD.pid
+SlurmdPidFile=/run/slurmd-%n.pid
 SlurmctldLogFile=$LOGS/slurmctld.log
-SlurmdLogFile=$LOGS/$SLURMD.log
+SlurmdLogFile=$LOGS/slurmd-%n.log
 # Containers (docker, gVisor, CI runners) rarely give a writable cgroup hierarchy, without which a
 # cgroup plugin keeps slurmd from starting: plain /proc bookkeeping and no CPU binding instead.
 ProctrackType=proctrack/linuxproc
@@ -210,22 +198,18 @@ EOF
 
     # Slurm drops a GPU without a File=, so each placeholder GPU has an empty regular file as its
     # "device": nothing is bound, and CUDA sees nothing.
-    if ours /etc/slurm/gres.conf; then
-        install -d -m 0755 /var/lib/slurm-local
-        for ((i = 0; i < GPUS; i++)); do
-            : >"/var/lib/slurm-local/fake-gpu$i"
-        done
-        printf '%s\n' "$MARKER" "# placeholder GPUs: empty files, no devices behind them" >/etc/slurm/gres.conf
-        ((GPUS == 0)) || echo "Name=gpu File=/var/lib/slurm-local/fake-gpu[0-$((GPUS - 1))]" >>/etc/slurm/gres.conf
-    fi
+    install -d -m 0755 /var/lib/slurm-local
+    for ((i = 0; i < GPUS; i++)); do
+        : >"/var/lib/slurm-local/fake-gpu$i"
+    done
+    printf '%s\n' "$MARKER" "# placeholder GPUs: empty files, no devices behind them" >/etc/slurm/gres.conf
+    ((GPUS == 0)) || echo "Name=gpu File=/var/lib/slurm-local/fake-gpu[0-$((GPUS - 1))]" >>/etc/slurm/gres.conf
     # Only read by cgroup plugins, which are not loaded; it exists so that any slurm component that
     # probes for it finds a harmless answer.
-    if ours /etc/slurm/cgroup.conf; then
-        printf '%s\n' "$MARKER" ConstrainCores=no ConstrainRAMSpace=no >/etc/slurm/cgroup.conf
-    fi
+    printf '%s\n' "$MARKER" ConstrainCores=no ConstrainRAMSpace=no >/etc/slurm/cgroup.conf
 
     for name in $(node_names); do
-        install -d -m 0755 "/var/spool/${SLURMD//%n/$name}"
+        install -d -m 0755 "/var/spool/slurmd-$name"
     done
     install -d -o slurm -g slurm -m 0755 /var/spool/slurmctld "$LOGS"
     touch "$LOGS/slurmctld.log"
@@ -240,59 +224,36 @@ start_munged() {
     rm -f /run/munge/munge.socket.2 /run/munge/munge.socket.2.lock "$MUNGE_PID"
     runuser -u munge -- /usr/sbin/munged --pid-file="$MUNGE_PID" ||
         die "munged failed to start; read /var/log/munge/munged.log"
-    local i
-    for ((i = 0; i < 50; i++)); do
-        munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    die "munged is not answering; read /var/log/munge/munged.log"
+    retry 5 munge_answers || die "munged is not answering; read /var/log/munge/munged.log"
 }
+munge_answers() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
 
+# (cmd_up stopped any slurmctld and slurmd of this script before it starts them)
 start_slurmctld() {
-    if pid_alive "$CTLD_PID" >/dev/null; then return 0; fi
-    pgrep -x slurmctld >/dev/null && die "a slurmctld not started by this script is running; stop it first"
     /usr/sbin/slurmctld -f "$CONF" || die "slurmctld failed to start; read $LOGS/slurmctld.log"
-    local i
-    for ((i = 0; i < 100; i++)); do
-        scontrol ping 2>/dev/null | grep -q 'is UP' && return 0
-        sleep 0.2
-    done
-    die "slurmctld is not answering; read $LOGS/slurmctld.log"
+    retry 20 slurmctld_answers || die "slurmctld is not answering; read $LOGS/slurmctld.log"
 }
+slurmctld_answers() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
 
 start_slurmds() {
     local name on=()
     for name in $(node_names); do
-        pid_alive "/run/${SLURMD//%n/$name}.pid" >/dev/null && continue
-        if ((NODES > 1)); then
-            # in the host's namespaces, so that its tasks have the host's address and hostname
-            on=(bash "$HOSTS_SH" exec "$name")
-        elif pgrep -x slurmd >/dev/null; then
-            die "a slurmd not started by this script is running; stop it first"
-        fi
+        # in the host's namespaces, so that its tasks have the host's address and hostname
+        ((NODES == 1)) || on=(bash "$HOSTS_SH" exec "$name")
         "${on[@]}" /usr/sbin/slurmd -f "$CONF" -N "$name" ||
-            die "slurmd on $name failed to start; read $LOGS/${SLURMD//%n/$name}.log"
+            die "slurmd on $name failed to start; read $LOGS/slurmd-$name.log"
     done
 }
 
 wait_usable() {
-    local name deadline=$((SECONDS + TIMEOUT)) resumed=0
-    while ((SECONDS < deadline)); do
-        all_usable && return 0
-        # A daemon that died (bad config, port in use) will not recover;
-        # report it now instead of after the full timeout.
-        slurmds_running || die "slurmd exited during startup; read $LOGS/${SLURMD//%n/*}.log"
-        daemon_running slurmctld "$CTLD_PID" || die "slurmctld exited during startup; read $LOGS/slurmctld.log"
-        # a node an earlier run left down or drained is resumed, once
-        for name in $(node_names); do
-            if ((!resumed)) && [[ $(node_state "$name") =~ ^(down|drain|fail) ]]; then
-                scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true
-            fi
-        done
-        resumed=1
-        sleep 0.5
+    local name
+    # a node an earlier run left down or drained is resumed
+    for name in $(node_names); do
+        if [[ $(node_state "$name") =~ ^(down|drain|fail) ]]; then
+            scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true
+        fi
     done
-    return 1
+    retry "$TIMEOUT" all_usable
 }
 
 cmd_up() {
@@ -304,7 +265,7 @@ cmd_up() {
     fi
     # Rewriting slurm.conf under running daemons would leave them on the old view of the nodes: a
     # cluster of another size, of an older configuration or not usable is stopped first.
-    if daemon_running slurmctld "$CTLD_PID" || daemon_running slurmd /run/slurmd.pid || [[ -n $(host_pidfiles) ]]; then
+    if daemon_running slurmctld "$CTLD_PID" || pgrep -x slurmd >/dev/null; then
         log "running with another configuration or not usable (states: $(states 2>/dev/null || echo none)): restarting it"
         cmd_down
     fi
@@ -323,75 +284,42 @@ cmd_up() {
 
 # Send TERM to a pidfile's process and wait for it to go away.
 stop_pidfile() {
-    local name=$1 pidfile=$2 pid i
-    pid=$(pid_alive "$pidfile") || { rm -f "$pidfile"; return 0; }
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 100; i++)); do
-        kill -0 "$pid" 2>/dev/null || { rm -f "$pidfile"; return 0; }
-        sleep 0.1
-    done
-    log "$name (pid $pid) ignored TERM for 10s; killing it"
-    kill -KILL "$pid" 2>/dev/null || true
+    local pidfile=$1 pid
+    if pid=$(pid_alive "$pidfile"); then
+        kill -TERM "$pid" 2>/dev/null || true
+        if ! retry 10 gone "$pid"; then
+            log "$pidfile's process (pid $pid) ignored TERM for 10s; killing it"
+            kill -KILL "$pid" 2>/dev/null || true
+        fi
+    fi
     rm -f "$pidfile"
 }
+gone() { ! kill -0 "$1" 2>/dev/null; }
 
 cmd_down() {
     [[ $EUID -eq 0 ]] || die "must run as root"
-    local f i
+    local f
     if pid_alive "$CTLD_PID" >/dev/null; then
         # Cancel everyone's jobs, not only root's, so slurmd has no steps left.
         squeue -h -o %i 2>/dev/null | xargs -r scancel >/dev/null 2>&1 || true
-        for ((i = 0; i < 50; i++)); do
-            [[ -z $(squeue -h -o %i 2>/dev/null) ]] && break
-            sleep 0.2
-        done
+        retry 10 no_jobs || true
     fi
-    for f in /run/slurmd.pid $(host_pidfiles); do
-        stop_pidfile "slurmd ($f)" "$f"
+    for f in $(compgen -G "/run/slurmd*.pid" || true) "$CTLD_PID" "$MUNGE_PID"; do
+        stop_pidfile "$f"
     done
-    stop_pidfile slurmctld "$CTLD_PID"
-    stop_pidfile munged "$MUNGE_PID"
     log "down"
 }
+no_jobs() { [[ -z $(squeue -h -o %i 2>/dev/null) ]]; }
 
 cmd_status() {
-    local ok=0 name pidfile state
     NODES=$(configured_nodes)
     NODES=${NODES:-1}
-    ((NODES == 1)) || SLURMD=slurmd-%n
-    if pid_alive "$CTLD_PID" >/dev/null; then
-        sinfo || true
+    if cluster_usable; then
+        echo "usable: $(states)"
     else
-        echo "sinfo: slurmctld not running"
+        echo "not usable (states: $(states)): tools/slurm-local.sh up starts it"
+        return 1
     fi
-    for name in munged slurmctld; do
-        pidfile=$MUNGE_PID
-        [[ $name == munged ]] || pidfile=$CTLD_PID
-        if daemon_running "$name" "$pidfile"; then
-            echo "$name: running"
-        else
-            echo "$name: stopped"
-            ok=1
-        fi
-    done
-    if slurmds_running; then
-        echo "slurmd: running ($NODES node(s))"
-    else
-        echo "slurmd: stopped (on some of $NODES node(s))"
-        ok=1
-    fi
-    if ((ok == 0)); then
-        for name in $(node_names); do
-            state=$(node_state "$name")
-            if state_usable "$state"; then
-                echo "node $name: $state (usable)"
-            else
-                echo "node $name: ${state:-unknown} (not usable)"
-                ok=1
-            fi
-        done
-    fi
-    return $ok
 }
 
 case ${1:-} in
@@ -399,7 +327,6 @@ case ${1:-} in
         [[ $# == 1 || ($# == 3 && $2 == --nodes) ]] || usage
         NODES=${3:-1}
         [[ $NODES =~ ^[1-9][0-9]?$ ]] || die "--nodes wants a number from 1 to 99, got '$NODES'"
-        ((NODES == 1)) || SLURMD=slurmd-%n
         cmd_up
         ;;
     down) cmd_down ;;
