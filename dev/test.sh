@@ -25,8 +25,9 @@ PYTHON="$VENV/bin/python" bash tools/install-horovod.sh
 root=0
 if [ "$(id -u)" = 0 ]; then root=1; fi
 
-# all of tests/ unless the arguments name test files; 3 workers (on two cores the suite took 976 s
-# with 3, 1044 s with 4) unless they say how many (-n) or turn xdist off (-p no:xdist). loadgroup
+# all of tests/ unless the arguments name test files; 3 workers (on two cores, with cold Inductor
+# caches: 1059 s with 3, 1043 s with 2, the cores busy 95% of the time; 4 were slower) unless they
+# say how many (-n) or turn xdist off (-p no:xdist). loadgroup
 # keeps each xdist_group on one worker; the tests go out in the order conftest.py sorts them in
 where=(tests)
 workers=(-n "${TEST_WORKERS:-3}")
