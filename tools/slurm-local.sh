@@ -5,9 +5,8 @@
 #   tools/slurm-local.sh down            cancel jobs and stop every slurmd, slurmctld and munged
 #   tools/slurm-local.sh status          print the nodes' states; exit 0 only if it is usable
 #
-# munged, slurmctld and slurmd run as plain daemons (no systemd). With --nodes N the nodes are the
-# test hosts of tools/hosts.sh, one slurmd in each; each node advertises SLURM_LOCAL_GPUS (default
-# 4) placeholder GPUs. docs/slurm-and-multinode.md says more. Needs root; targets Debian 12.
+# The daemons run without systemd; --nodes N puts one slurmd in each test host of tools/hosts.sh.
+# Needs root; targets Debian 12. docs/slurm-and-multinode.md says more (and of SLURM_LOCAL_GPUS).
 set -euo pipefail
 umask 022  # the daemons read what is written here as other users
 
@@ -40,16 +39,8 @@ node_names() {
     fi
 }
 
-# The node count of the running configuration, or nothing.
-configured_nodes() { sed -n 's/^# nodes: \([0-9]*\)$/\1/p' "$CONF" 2>/dev/null || true; }
-
-# PID from a pidfile, only if that process is alive.
-pid_alive() {
-    local pid
-    [[ -r $1 ]] || return 1
-    pid=$(tr -dc '0-9' <"$1")
-    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
-}
+# Whether the process of a pidfile is alive.
+alive() { [[ -r $1 ]] && kill -0 "$(tr -dc '0-9' <"$1")" 2>/dev/null; }
 
 # Run CMD... until it succeeds, every 0.2 s for at most SECS seconds.
 retry() {
@@ -61,28 +52,14 @@ retry() {
     done
 }
 
-# Falls back to an exact process-name match for daemons started by someone else (e.g. a
-# previous run whose pidfile was lost).
-daemon_running() {
-    pid_alive "$2" >/dev/null || pgrep -x "$1" >/dev/null 2>&1
-}
-
-# Whether the slurmd of every node of the configuration runs (a slurmd writes its pidfile a moment
-# after it starts).
-slurmds_running() {
-    local name
-    for name in $(node_names); do
-        daemon_running slurmd "/run/slurmd-$name.pid" || return 1
-    done
-}
-
 node_state() { sinfo -h -n "$1" -o %T 2>/dev/null | head -n1 || true; }
 
-# idle/mixed/allocated/completing mean the node accepts work; a trailing
-# '*' means slurmctld has not heard from slurmd yet, so it is not usable.
+# Whether every node's slurmd runs (it writes its pidfile a moment after it starts) and accepts
+# work: idle/mixed/allocated/completing; a trailing '*' means slurmctld has not heard from it yet.
 all_usable() {
     local name
     for name in $(node_names); do
+        alive "/run/slurmd-$name.pid" || return 1
         [[ $(node_state "$name") =~ ^(idle|mixed|allocated|completing)$ ]] || return 1
     done
 }
@@ -93,11 +70,7 @@ states() {
 }
 
 cluster_usable() {
-    [[ $(configured_nodes) == "$NODES" ]] &&
-        daemon_running munged "$MUNGE_PID" &&
-        daemon_running slurmctld "$CTLD_PID" &&
-        slurmds_running &&
-        all_usable
+    alive "$MUNGE_PID" && alive "$CTLD_PID" && all_usable
 }
 
 # Whether the test hosts of the nodes are there and linked (there may be more of them).
@@ -127,8 +100,9 @@ ensure_packages() {
         die "apt-get install ${packages[*]} failed"
 }
 
-write_config() {
-    local cpus mem ctld_addr=127.0.0.1 addr nodes="" name i=0 f
+# The slurm.conf of a cluster of NODES nodes.
+slurm_conf() {
+    local cpus mem ctld_addr=127.0.0.1 addr nodes="" name i=0
     cpus=$(nproc)
     ((cpus >= MIN_CPUS)) || cpus=$MIN_CPUS
     mem=$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)
@@ -140,15 +114,7 @@ write_config() {
         ((NODES > 1)) || addr=127.0.0.1
         nodes+="NodeName=$name NodeAddr=$addr CPUs=$cpus RealMemory=$mem Gres=gpu:$GPUS State=UNKNOWN"$'\n'
     done
-    # a user's own configuration is kept aside, not lost
-    for f in "$CONF" /etc/slurm/gres.conf /etc/slurm/cgroup.conf; do
-        if [[ -e $f ]] && ! grep -qF "$MARKER" "$f"; then
-            log "existing $f was not written by this script; saving it as $f.bak.*"
-            cp -p "$f" "$f.bak.$(date +%Y%m%d%H%M%S)"
-        fi
-    done
-    install -d -m 0755 /etc/slurm
-    cat >"$CONF.new" <<EOF
+    cat <<EOF
 $MARKER
 # nodes: $NODES
 # One machine, to try the Slurm code path. Slurm's defaults are not repeated: auth/munge, no
@@ -194,7 +160,19 @@ MailProg=/bin/true
 PropagateResourceLimits=NONE
 ${nodes}PartitionName=debug Nodes=$(node_names | paste -sd, -) Default=YES MaxTime=INFINITE State=UP
 EOF
-    mv -f "$CONF.new" "$CONF"
+}
+
+write_config() {
+    local f i name
+    # a user's own configuration is kept aside, not lost
+    for f in "$CONF" /etc/slurm/gres.conf; do
+        if [[ -e $f ]] && ! grep -qF "$MARKER" "$f"; then
+            log "existing $f was not written by this script; saving it as $f.bak.*"
+            cp -p "$f" "$f.bak.$(date +%Y%m%d%H%M%S)"
+        fi
+    done
+    install -d -m 0755 /etc/slurm
+    slurm_conf >"$CONF"
 
     # Slurm drops a GPU without a File=, so each placeholder GPU has an empty regular file as its
     # "device": nothing is bound, and CUDA sees nothing.
@@ -204,9 +182,6 @@ EOF
     done
     printf '%s\n' "$MARKER" "# placeholder GPUs: empty files, no devices behind them" >/etc/slurm/gres.conf
     ((GPUS == 0)) || echo "Name=gpu File=/var/lib/slurm-local/fake-gpu[0-$((GPUS - 1))]" >>/etc/slurm/gres.conf
-    # Only read by cgroup plugins, which are not loaded; it exists so that any slurm component that
-    # probes for it finds a harmless answer.
-    printf '%s\n' "$MARKER" ConstrainCores=no ConstrainRAMSpace=no >/etc/slurm/cgroup.conf
 
     for name in $(node_names); do
         install -d -m 0755 "/var/spool/slurmd-$name"
@@ -217,7 +192,7 @@ EOF
 }
 
 start_munged() {
-    if pid_alive "$MUNGE_PID" >/dev/null; then return 0; fi
+    if alive "$MUNGE_PID"; then return 0; fi
     # (the munge package made its key; its folder in /run is gone after a reboot without systemd)
     install -d -o munge -g munge -m 0755 /run/munge
     # A stale socket from a killed munged makes the new one refuse to start.
@@ -242,30 +217,22 @@ start_slurmds() {
         ((NODES == 1)) || on=(bash "$HOSTS_SH" exec "$name")
         "${on[@]}" /usr/sbin/slurmd -f "$CONF" -N "$name" ||
             die "slurmd on $name failed to start; read $LOGS/slurmd-$name.log"
-    done
-}
-
-wait_usable() {
-    local name
-    # a node an earlier run left down or drained is resumed
-    for name in $(node_names); do
+        # a node an earlier run left down or drained is resumed
         if [[ $(node_state "$name") =~ ^(down|drain|fail) ]]; then
             scontrol update nodename="$name" state=resume >/dev/null 2>&1 || true
         fi
     done
-    retry "$TIMEOUT" all_usable
 }
 
 cmd_up() {
     [[ $EUID -eq 0 ]] || die "must run as root"
-    # a cluster that an older version of this script configured lacks settings the tests rely on
-    if cluster_usable && [[ $(grep -cxE 'JobRequeue=1|AuthInfo=cred_expire=10|GresTypes=gpu' "$CONF") == 3 ]]; then
+    if cluster_usable && [[ $(slurm_conf) == "$(cat "$CONF")" ]]; then
         log "already up: $(states)"
         return 0
     fi
     # Rewriting slurm.conf under running daemons would leave them on the old view of the nodes: a
     # cluster of another size, of an older configuration or not usable is stopped first.
-    if daemon_running slurmctld "$CTLD_PID" || pgrep -x slurmd >/dev/null; then
+    if compgen -G "/run/slurm*.pid" >/dev/null; then
         log "running with another configuration or not usable (states: $(states 2>/dev/null || echo none)): restarting it"
         cmd_down
     fi
@@ -278,14 +245,15 @@ cmd_up() {
     start_munged
     start_slurmctld
     start_slurmds
-    wait_usable || die "not usable after ${TIMEOUT}s (states: $(states)); read the slurmd logs and $LOGS/slurmctld.log"
+    retry "$TIMEOUT" all_usable || die "not usable after ${TIMEOUT}s (states: $(states)); read the slurmd logs and $LOGS/slurmctld.log"
     log "up: $(states) ($(sinfo -h -o %c | head -n1) CPUs each), partition debug"
 }
 
 # Send TERM to a pidfile's process and wait for it to go away.
 stop_pidfile() {
     local pidfile=$1 pid
-    if pid=$(pid_alive "$pidfile"); then
+    if alive "$pidfile"; then
+        pid=$(tr -dc '0-9' <"$pidfile")
         kill -TERM "$pid" 2>/dev/null || true
         if ! retry 10 gone "$pid"; then
             log "$pidfile's process (pid $pid) ignored TERM for 10s; killing it"
@@ -299,7 +267,7 @@ gone() { ! kill -0 "$1" 2>/dev/null; }
 cmd_down() {
     [[ $EUID -eq 0 ]] || die "must run as root"
     local f
-    if pid_alive "$CTLD_PID" >/dev/null; then
+    if alive "$CTLD_PID"; then
         # Cancel everyone's jobs, not only root's, so slurmd has no steps left.
         squeue -h -o %i 2>/dev/null | xargs -r scancel >/dev/null 2>&1 || true
         retry 10 no_jobs || true
@@ -312,7 +280,8 @@ cmd_down() {
 no_jobs() { [[ -z $(squeue -h -o %i 2>/dev/null) ]]; }
 
 cmd_status() {
-    NODES=$(configured_nodes)
+    # as many nodes as the running configuration has
+    NODES=$(sed -n 's/^# nodes: \([0-9]*\)$/\1/p' "$CONF" 2>/dev/null || true)
     NODES=${NODES:-1}
     if cluster_usable; then
         echo "usable: $(states)"
