@@ -30,8 +30,6 @@ usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0" >&2;
 log() { echo "$PROG: $*" >&2; }
 die() { echo "$PROG: error: $*" >&2; exit 1; }
 
-need_root() { [[ $EUID -eq 0 ]] || die "must run as root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)"; }
-
 # Our hosts, from the UTS files (the one record that survives a half-finished 'up'): those of
 # this prefix only (PREFIX and a number; node0 is not a host of the prefix nod)
 existing_hosts() {
@@ -101,7 +99,6 @@ remove_host() {
 cmd_up() {
     local n=${1:-} other i name
     [[ $n =~ ^[1-9][0-9]?$ ]] || die "up wants a host count from 1 to 99, got '$n'"
-    need_root
     # another route to our /24 (a real network) would make the hosts' traffic leave the machine
     other=$(ip -4 route show "$NET.0/24" | grep -v "dev $BRIDGE" || true)
     [[ -z $other ]] || die "$NET.0/24 is already routed here ($other): set HOSTS_NET to a free /24"
@@ -119,7 +116,6 @@ cmd_up() {
 }
 
 cmd_down() {
-    need_root
     local name
     for name in $(existing_hosts); do remove_host "$name"; done
     ip link del "$BRIDGE" 2>/dev/null || true
@@ -128,7 +124,6 @@ cmd_down() {
 }
 
 cmd_status() {
-    need_root
     local name ok=0 addr uts rate names
     names=$(existing_hosts)
     if [[ -z $names ]]; then
@@ -156,7 +151,6 @@ cmd_status() {
 # queue, after which packets drop and TCP slows down as on a congested link.
 cmd_shape() {
     local rate=${1:-} name names bytes burst
-    need_root
     [[ $rate == off || $rate =~ ^[0-9]+(\.[0-9]+)?(kbit|mbit|gbit)$ ]] ||
         die "shape wants a rate such as 100mbit or 1gbit (kbit, mbit, gbit), or off; got '$rate'"
     names=$(existing_hosts)
@@ -183,7 +177,6 @@ cmd_exec() {
     local name=${1:-}
     [[ -n $name ]] && (($# >= 2)) || die "usage: $PROG exec NAME CMD..."
     shift
-    need_root
     [[ -e $STATE/$name.uts ]] || die "no host $name (hosts: $(existing_hosts | tr '\n' ' '))"
     # Like `ip netns exec`, which mounts /etc/netns/NAME/hosts over /etc/hosts in a mount
     # namespace of its own, but without its remount of /sys: that would hide this machine's
@@ -194,11 +187,9 @@ cmd_exec() {
 }
 
 case ${1:-} in
-    up) shift; cmd_up "$@" ;;
-    down) cmd_down ;;
-    status) cmd_status ;;
-    exec) shift; cmd_exec "$@" ;;
-    shape) shift; cmd_shape "$@" ;;
+    up | down | status | exec | shape) ;;
     -h | --help) usage; exit 0 ;;
     *) usage; exit 2 ;;
 esac
+[[ $EUID -eq 0 ]] || die "must run as root (network namespaces need CAP_SYS_ADMIN and CAP_NET_ADMIN)"
+"cmd_$1" "${@:2}"
