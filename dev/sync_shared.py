@@ -1,12 +1,11 @@
 #!/usr/bin/env python3
-"""Keep the shared blocks of the training scripts equal to distributed.py's.
+"""Keep the shared blocks of the training scripts equal to distributed.py's, their one source of
+truth (README.md says why each script holds a copy).
 
     python dev/sync_shared.py          # copy distributed.py's shared blocks into the others
     python dev/sync_shared.py --check  # exit 1, naming script and block, if a copy drifted
 
 A shared block runs from a line "# ---- shared: NAME (...) ----" to "# ---- end shared: NAME ----".
-Each script is self-contained on purpose (users copy one file), so the loop is copied rather than
-imported; distributed.py is its one source of truth. Edit the loop there, then run this.
 """
 
 import os
