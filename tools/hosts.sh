@@ -7,9 +7,8 @@
 #   tools/hosts.sh exec NAME CMD...  run CMD on host NAME (its network, hostname and /etc/hosts)
 #   tools/hosts.sh shape RATE|off    limit what each host sends to RATE (e.g. 100mbit, 1gbit)
 #
-# Each host is a network namespace (its own eth0, address HOSTS_NET.(i+1)) and a UTS namespace (its
-# own hostname) on a bridge; HOSTS_PREFIX and HOSTS_NET (default node, 10.213.7) make another set
-# beside it. docs/slurm-and-multinode.md says more. Needs root and iproute2.
+# Hosts are network and UTS namespaces on a bridge (docs/slurm-and-multinode.md); HOSTS_PREFIX and
+# HOSTS_NET (default node, 10.213.7) make another set beside it. Needs root and iproute2.
 set -euo pipefail
 
 PROG=${0##*/}
