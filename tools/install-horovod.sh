@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
-# Build Horovod with the PyTorch and Gloo frontends (and MPI where mpicxx is found) and install it
-# into the environment of $PYTHON (default python3).
+# Build Horovod for the torch of $PYTHON (default python3) and install it there: the PyTorch and
+# Gloo frontends, MPI where mpicxx is found, NCCL on a GPU machine. Not `pip install horovod`: its
+# last release needs a patch for torch's C++20 headers (docs/horovod.md explains each step).
 #
 #   [PYTHON=python] install-horovod.sh [--force] [--nccl] [--dry-run] [--offline DIR]
 #   [PYTHON=python] install-horovod.sh --fetch DIR
-#
-# Not `pip install horovod`: its last release (0.28.1) needs a patch for torch's C++20 headers.
-# The wheel is cached (HOROVOD_WHEEL_CACHE, default ~/.cache/pytorch-distributed/wheels); on a GPU
-# machine the build adds NCCL, that of torch's own wheel. docs/horovod.md explains each step.
 #
 #   --force        rebuild and reinstall even if horovod.torch imports and a cached wheel exists
 #   --nccl         build with NCCL where nvidia-smi finds no GPU (a login node); needs nvcc
@@ -16,8 +13,8 @@
 #                  package index (FETCH_PYTHON_VERSION, FETCH_PLATFORM: that machine's)
 #   --offline DIR  build from DIR (made by --fetch) with pip --no-index
 #
-# Environment: HOROVOD_VERSION, HOROVOD_SDIST, and Horovod's own build variables, which win over
-# what this script would choose (docs/horovod.md lists them).
+# The wheel is cached in HOROVOD_WHEEL_CACHE (default ~/.cache/pytorch-distributed/wheels).
+# docs/horovod.md lists the variables it honours: HOROVOD_VERSION, HOROVOD_SDIST, Horovod's own.
 set -euo pipefail
 
 HOROVOD_VERSION=${HOROVOD_VERSION:-0.28.1}
@@ -68,10 +65,9 @@ if [[ -n $OFFLINE ]]; then
 fi
 
 # one import of torch for what the build needs to know of it (an import takes seconds)
-TORCH_INFO=$("$PYTHON" -c 'import sys, torch; print(torch.__version__, torch.version.cuda or "-", f"cp{sys.version_info[0]}{sys.version_info[1]}")' 2>/dev/null) \
+TORCH_INFO=$("$PYTHON" -c 'import sys, torch; print(torch.__version__, f"cp{sys.version_info[0]}{sys.version_info[1]}", torch.version.cuda or "")' 2>/dev/null) \
     || die "torch is not importable in $PYTHON; install torch first (Horovod compiles against it)."
-read -r TORCH_VERSION TORCH_CUDA PY_TAG <<<"$TORCH_INFO"
-[[ $TORCH_CUDA == - ]] && TORCH_CUDA=""
+read -r TORCH_VERSION PY_TAG TORCH_CUDA <<<"$TORCH_INFO"
 
 # --- Build configuration: explicit user choices win; only what was not set is filled in --------
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
@@ -95,10 +91,11 @@ fi
 # A horovod built against another torch fails this import (undefined symbols), so a successful
 # import is a sufficient "already done" check, unless this build needs NCCL and the installed one
 # has none.
-if [[ $FORCE == 0 && $DRY_RUN == 0 ]] && WANT_NCCL=${HOROVOD_GPU_OPERATIONS:-} "$PYTHON" -c "
-import os, sys, horovod.torch as hvd
-sys.exit(os.environ['WANT_NCCL'] == 'NCCL' and not hvd.nccl_built())" >/dev/null 2>&1; then
-    log "horovod.torch already importable in $PYTHON ($("$PYTHON" -c 'import horovod; print(horovod.__version__)')); nothing to do."
+if [[ $FORCE == 0 && $DRY_RUN == 0 ]] && found=$(WANT_NCCL=${HOROVOD_GPU_OPERATIONS:-} "$PYTHON" -c "
+import os, sys, horovod, horovod.torch as hvd
+print(horovod.__version__)
+sys.exit(os.environ['WANT_NCCL'] == 'NCCL' and not hvd.nccl_built())" 2>/dev/null); then
+    log "horovod.torch already importable in $PYTHON ($found); nothing to do."
     exit 0
 fi
 
@@ -111,19 +108,15 @@ if [[ -n $TORCH_CUDA ]]; then
     [[ -n ${HOROVOD_CUDA_HOME:-} || -z ${CUDA_HOME:-} ]] || export HOROVOD_CUDA_HOME=$CUDA_HOME
 fi
 
-NCCL_VERSION=""
 if [[ ${HOROVOD_GPU_OPERATIONS:-} == NCCL ]]; then
     [[ -n "$TORCH_CUDA" ]] || die "HOROVOD_GPU_OPERATIONS=NCCL needs a CUDA build of torch (this one is CPU-only)"
     # Horovod's CUDA kernels, for the GPU architectures this torch was built for (its default list
     # starts at sm_35, which CUDA 12 and later no longer compile).
-    if [[ -z "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ]]; then
+    [[ -n ${HOROVOD_BUILD_CUDA_CC_LIST:-} ]] ||
         HOROVOD_BUILD_CUDA_CC_LIST=$("$PYTHON" -c 'import torch; print(",".join(a[3:] for a in torch.cuda.get_arch_list() if a.startswith("sm_")))')
-        export HOROVOD_BUILD_CUDA_CC_LIST
-    fi
-    # NCCL: unless told where one is, the one in torch's pip wheel (nvidia-nccl-cu12/-cu13): torch
-    # loads exactly that libnccl.so.2 before Horovod's extension, so both use one NCCL. The wheel
-    # has no libnccl.so or libnccl_static.a, the names Horovod's FindNCCL looks for: a folder in
-    # the cache gives it that name.
+    export HOROVOD_BUILD_CUDA_CC_LIST
+    # NCCL: unless told where one is, the one of torch's wheel, so that both use one NCCL; a folder
+    # in the cache gives it the name Horovod's FindNCCL looks for (docs/horovod.md says more).
     if [[ -z "${HOROVOD_NCCL_HOME:-}${HOROVOD_NCCL_INCLUDE:-}${HOROVOD_NCCL_LIB:-}" ]]; then
         NCCL_WHEEL=$("$PYTHON" -c 'import os, nvidia.nccl as n; print(os.path.realpath(list(n.__path__)[0]))' 2>/dev/null) \
             || die "HOROVOD_GPU_OPERATIONS=NCCL, but torch's NCCL wheel (python -c 'import nvidia.nccl') is not installed and HOROVOD_NCCL_HOME is not set"
@@ -145,8 +138,6 @@ fi
 # refuses otherwise; older CMakes ignore it.
 export CMAKE_POLICY_VERSION_MINIMUM="${CMAKE_POLICY_VERSION_MINIMUM:-3.5}"
 
-CMAKE_VERSION=$(cmake --version 2>/dev/null | awk 'NR == 1 {print $3}') || CMAKE_VERSION=""
-
 # Horovod's setup.py defaults to make -j8, which oversubscribes small boxes and underuses big ones.
 export MAKEFLAGS="${MAKEFLAGS:--j$(nproc 2>/dev/null || echo 2)}"
 
@@ -155,19 +146,19 @@ export MAKEFLAGS="${MAKEFLAGS:--j$(nproc 2>/dev/null || echo 2)}"
 # compiled in, so they are part of the key.
 VARIANT="gloo"
 [[ "${HOROVOD_WITH_MPI:-0}" == 1 ]] && VARIANT+="-mpi"
-[[ -n "${HOROVOD_GPU_OPERATIONS:-}" ]] && VARIANT+="-$(tr '[:upper:]' '[:lower:]' <<<"$HOROVOD_GPU_OPERATIONS")${NCCL_VERSION}"
+[[ -n "${HOROVOD_GPU_OPERATIONS:-}" ]] && VARIANT+="-$(tr '[:upper:]' '[:lower:]' <<<"$HOROVOD_GPU_OPERATIONS")${NCCL_VERSION:-}"
 CACHE_DIR="$WHEEL_CACHE/horovod-$HOROVOD_VERSION/torch-$TORCH_VERSION-$PY_TAG-$VARIANT"
 
 log "python:   $PYTHON ($PY_TAG), torch $TORCH_VERSION"
 log "config:   MPI=$([[ ${HOROVOD_WITH_MPI:-0} == 1 ]] && echo yes || echo no)" \
-    "GPU_OPERATIONS=${HOROVOD_GPU_OPERATIONS:-none} HOROVOD_CUDA_HOME=${HOROVOD_CUDA_HOME:-unset}"
+    "GPU_OPERATIONS=${HOROVOD_GPU_OPERATIONS:-none} HOROVOD_CUDA_HOME=${HOROVOD_CUDA_HOME:-unset}" \
+    "CMAKE_POLICY_VERSION_MINIMUM=$CMAKE_POLICY_VERSION_MINIMUM"
 if [[ ${HOROVOD_GPU_OPERATIONS:-} == NCCL ]]; then
     log "nccl:     ${NCCL_VERSION:-version unknown} HOROVOD_NCCL_HOME=${HOROVOD_NCCL_HOME:-unset}" \
         "HOROVOD_NCCL_INCLUDE=${HOROVOD_NCCL_INCLUDE:-unset} HOROVOD_NCCL_LIB=${HOROVOD_NCCL_LIB:-unset}" \
         "HOROVOD_NCCL_LINK=${HOROVOD_NCCL_LINK:-unset} HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-unset}"
 fi
 log "cache:    $CACHE_DIR"
-log "cmake:    ${CMAKE_VERSION:-not found} CMAKE_POLICY_VERSION_MINIMUM=$CMAKE_POLICY_VERSION_MINIMUM"
 log "sdist:    ${HOROVOD_SDIST:-downloaded from the package index}${OFFLINE:+ (offline: pip --no-index)}"
 if ((DRY_RUN)); then
     log "dry run: nothing built or installed"
@@ -182,10 +173,9 @@ WHEEL=$(compgen -G "$CACHE_DIR/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || tr
 if [[ -n $WHEEL && $FORCE == 0 ]]; then
     log "using cached wheel $WHEEL"
 else
-    [[ -n $CMAKE_VERSION || -z $OFFLINE ]] ||
+    [[ -z $OFFLINE ]] || command -v cmake >/dev/null ||
         die "no cmake on PATH, and offline Horovod's setup.py cannot pip-install one"
-    command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1 \
-        || die "no C++ compiler found (install g++)"
+    command -v c++ >/dev/null || die "no C++ compiler (c++) found: install g++"
 
     WORK="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"
     trap 'rm -rf "$WORK"' EXIT
@@ -211,13 +201,12 @@ else
     # pip would fetch into an isolated environment.
     "$PYTHON" -m pip wheel --no-cache-dir --no-deps --no-build-isolation -w "$WORK/wheel" "$SRC"
 
-    built="$(compgen -G "$WORK/wheel/horovod-$HOROVOD_VERSION-*.whl" | head -n 1 || true)"
-    [[ -n "$built" ]] || die "pip wheel produced no horovod wheel"
+    built=$(compgen -G "$WORK/wheel/horovod-$HOROVOD_VERSION-*.whl")
+    WHEEL=$CACHE_DIR/${built##*/}
     mkdir -p "$CACHE_DIR"
     # Copy then rename so a concurrent or interrupted run never sees half a wheel.
-    cp "$built" "$CACHE_DIR/.tmp.$(basename "$built")"
-    mv -f "$CACHE_DIR/.tmp.$(basename "$built")" "$CACHE_DIR/$(basename "$built")"
-    WHEEL="$CACHE_DIR/$(basename "$built")"
+    cp "$built" "$WHEEL.tmp"
+    mv -f "$WHEEL.tmp" "$WHEEL"
     log "cached $WHEEL"
 fi
 
@@ -229,7 +218,6 @@ fi
 WANT_NCCL=${HOROVOD_GPU_OPERATIONS:-} "$PYTHON" -c '
 import os, horovod, horovod.torch as hvd
 hvd.init()
-assert hvd.gloo_built(), "horovod was built without Gloo"
 assert os.environ["WANT_NCCL"] != "NCCL" or hvd.nccl_built(), "horovod was built without NCCL"
 print(f"[install-horovod] horovod {horovod.__version__} OK: size={hvd.size()} rank={hvd.rank()}",
       f"gloo={hvd.gloo_built()} mpi={hvd.mpi_built()} nccl={hvd.nccl_built()}")
