@@ -220,5 +220,4 @@ import os, horovod, horovod.torch as hvd
 hvd.init()
 assert os.environ["WANT_NCCL"] != "NCCL" or hvd.nccl_built(), "horovod was built without NCCL"
 print(f"[install-horovod] horovod {horovod.__version__} OK: size={hvd.size()} rank={hvd.rank()}",
-      f"gloo={hvd.gloo_built()} mpi={hvd.mpi_built()} nccl={hvd.nccl_built()}")
-hvd.shutdown()'
+      f"gloo={hvd.gloo_built()} mpi={hvd.mpi_built()} nccl={hvd.nccl_built()}")'
