@@ -163,7 +163,7 @@ EOF
 }
 
 write_config() {
-    local f i name
+    local f
     # a user's own configuration is kept aside, not lost
     for f in "$CONF" /etc/slurm/gres.conf; do
         if [[ -e $f ]] && ! grep -qF "$MARKER" "$f"; then
@@ -177,18 +177,12 @@ write_config() {
     # Slurm drops a GPU without a File=, so each placeholder GPU has an empty regular file as its
     # "device": nothing is bound, and CUDA sees nothing.
     install -d -m 0755 /var/lib/slurm-local
-    for ((i = 0; i < GPUS; i++)); do
-        : >"/var/lib/slurm-local/fake-gpu$i"
-    done
+    seq -f '/var/lib/slurm-local/fake-gpu%g' 0 $((GPUS - 1)) | xargs -r touch
     printf '%s\n' "$MARKER" "# placeholder GPUs: empty files, no devices behind them" >/etc/slurm/gres.conf
     ((GPUS == 0)) || echo "Name=gpu File=/var/lib/slurm-local/fake-gpu[0-$((GPUS - 1))]" >>/etc/slurm/gres.conf
 
-    for name in $(node_names); do
-        install -d -m 0755 "/var/spool/slurmd-$name"
-    done
+    # slurmctld, which runs as slurm, cannot make these itself; slurmd makes its own spool folder
     install -d -o slurm -g slurm -m 0755 /var/spool/slurmctld "$LOGS"
-    touch "$LOGS/slurmctld.log"
-    chown slurm:slurm "$LOGS/slurmctld.log"
 }
 
 start_munged() {
