@@ -176,16 +176,14 @@ def given_profile(arch, image_size, batch, num_classes, images_per_s):
     model.train()
     names = {m: name for name, m in model.named_modules()}
     order = []
-    hooks = [m.register_forward_pre_hook(lambda m, _: order.append(names[m])) for m in names]
-    with FlopCounterMode(display=False) as forward_only:
-        model(x)
-    for h in hooks:
-        h.remove()
-    with FlopCounterMode(display=False) as both:
-        model(x).sum().backward()
-    fwd_flops = forward_only.get_total_flops()
-    bwd_flops = both.get_total_flops() - fwd_flops
-    counts = forward_only.get_flop_counts()  # by module, its children included
+    for m in names:
+        m.register_forward_pre_hook(lambda m, _: order.append(names[m]))
+    with FlopCounterMode(display=False) as counter:
+        out = model(x)
+        fwd_flops = counter.get_total_flops()
+        counts = counter.get_flop_counts()  # of the forward, by module, its children included
+        out.sum().backward()
+    bwd_flops = counter.get_total_flops() - fwd_flops
 
     def flops(name):
         return sum(counts.get(".".join([type(model).__name__, name]).rstrip("."), {}).values())
