@@ -66,23 +66,6 @@ ref_of() {
     echo "$ref"
 }
 
-# The options of R_ARGS that R_SCRIPT does not have (its --help, read once per script into the runs'
-# folder: this runs in subshells), or nothing.
-missing_options() {
-    local script=$1 word opt missing="" help=$RUNS/options-of-$1
-    shift
-    (($#)) || return 0  # no options to look for: no need to start the script
-    if [[ ! -e $help ]]; then  # its options, one a line
-        "$PYTHON" "$ROOT/$script" --help 2>&1 | grep -oE -- '--?[A-Za-z0-9][A-Za-z0-9_-]*' >"$help" || true
-    fi
-    for word in "$@"; do
-        [[ $word == -* ]] || continue
-        opt=${word%%=*}
-        grep -qxF -- "$opt" "$help" || missing+="${missing:+ }$opt"
-    done
-    echo "$missing"
-}
-
 # ---- data: a set per global batch, STEPS steps an epoch ----
 net_data() {  # global batch -> the folder (made if absent)
     local gb=$1 dir
@@ -112,15 +95,13 @@ kill_run() {  # everything still running of the current run: what we started, an
 NET_PORT=29400
 run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-- command-for-host-1 ...]
     # result: the file a run that worked leaves (- for DIR/metrics.jsonl)
-    local name=$1 rate=$2 ref=$3 procs=$4 threads=$5 dir=$6 result=$7 start=$SECONDS rc=0 h text last="" label
-    local cmdtext="" one status=ok  # cmdtext: the commands, '; ' between them
+    local name=$1 rate=$2 ref=$3 procs=$4 threads=$5 dir=$6 result=$7 start=$SECONDS rc=0 h=0 text last=""
+    local label="$1 @ $2" cmdtext="" one status=ok  # cmdtext: the commands, '; ' between them
     shift 8
     [[ $result == - ]] && result=$dir/metrics.jsonl
     local -a cmd
     mkdir -p "$dir"
     NET_TAG=$dir
-    NET_PIDS=()
-    h=0
     while (($#)); do
         cmd=()
         while (($#)) && [[ $1 != -- ]]; do cmd+=("$1"); shift; done
@@ -132,7 +113,6 @@ run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-
         NET_PIDS+=($!)
         h=$((h + 1))
     done
-    label="$name @ $rate"
     while :; do
         local alive=0 pid
         for pid in "${NET_PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
@@ -163,11 +143,6 @@ run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-
         status=failed FAILED=1
     fi
     record "$name" "$rate" "$ref" "$status" "$procs" "$threads" "$rc" "$wall" "$cmdtext"
-}
-
-net_skip() {  # row rate reason
-    printf '%-34s not run: %s\n' "$1 @ $2" "$3"
-    record "$1" "$2" - skipped - - - - "$3"
 }
 
 # ---- the rows' launchers across the hosts ----
@@ -236,6 +211,23 @@ horovod_teardown() {
     for f in "$SSH_DIR"/sshd-*.pid; do [[ -e $f ]] && kill "$(cat "$f")" 2>/dev/null || true; done
     rm -rf -- "$SSH_DIR"
     SSH_DIR=
+}
+
+# WHY: why the row of R_* cannot run, or nothing once its backend is set up (sshd in the hosts for
+# Horovod). Not to be called in a subshell: it sets SSH_DIR.
+row_setup() {
+    WHY=
+    [[ $R_BACKEND == horovod ]] || return 0
+    HVDRUN=$(dirname "$PYTHON")/horovodrun
+    [[ -x $HVDRUN ]] || HVDRUN=$(command -v horovodrun || true)
+    if ! "$PYTHON" -c 'import horovod.torch' >/dev/null 2>&1; then
+        WHY="horovod: not installed — PYTHON=$PYTHON bash tools/install-horovod.sh"
+    elif [[ -z $HVDRUN ]]; then
+        WHY="horovod: horovod.torch imports but horovodrun is not on PATH"
+    elif ! horovod_setup >"$RUNS/horovod-setup.log" 2>&1; then
+        WHY="horovod: could not start sshd in the hosts: $(tail -n 1 "$RUNS/horovod-setup.log")"
+        horovod_teardown
+    fi
 }
 
 # ---- the benchmark ----
@@ -330,11 +322,6 @@ network_benchmark() {
         [[ -n ${ref_done[$ref]:-} ]] && continue
         ref_done[$ref]=1
         parse_row "$ref"
-        row_setup  # a reference is distributed.py's or apex's: its options only are checked
-        if [[ -n $WHY ]]; then
-            net_skip "$ref" "1 host" "$WHY"
-            continue
-        fi
         gb=$((micro * R_K))
         PROGRESS_BATCH=$gb
         # plain python: the script makes a world of one itself, and no launcher shares the host's core
@@ -350,8 +337,9 @@ network_benchmark() {
         gb=$((micro * R_HOSTS * R_K))
         PROGRESS_BATCH=$gb
         for rate in ${LINKS//,/ }; do
-            if [[ -n $WHY ]]; then
-                net_skip "$row" "$rate" "$WHY"
+            if [[ -n $WHY ]]; then  # listed as not run, with the reason
+                printf '%-34s not run: %s\n' "$row @ $rate" "$WHY"
+                record "$row" "$rate" - skipped - - - - "$WHY"
                 continue
             fi
             shape "$rate"
@@ -372,23 +360,4 @@ network_benchmark() {
         --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" ${LOADER_IPS:+--loader-ips "$LOADER_IPS"} \
         ${WORKERS:+--workers "$WORKERS"}
     exit "$FAILED"
-}
-
-# WHY: why the row of R_* cannot run, or nothing once its backend is set up (sshd in the hosts for
-# Horovod). Not to be called in a subshell: it sets SSH_DIR.
-row_setup() {
-    WHY=$(missing_options "$R_SCRIPT" "${R_ARGS[@]}")
-    [[ -n $WHY ]] && WHY="$R_SCRIPT has no $WHY (yet)"
-    if [[ -z $WHY && $R_BACKEND == horovod ]]; then
-        HVDRUN=$(dirname "$PYTHON")/horovodrun
-        [[ -x $HVDRUN ]] || HVDRUN=$(command -v horovodrun || true)
-        if ! "$PYTHON" -c 'import horovod.torch' >/dev/null 2>&1; then
-            WHY="horovod: not installed — PYTHON=$PYTHON bash tools/install-horovod.sh"
-        elif [[ -z $HVDRUN ]]; then
-            WHY="horovod: horovod.torch imports but horovodrun is not on PATH"
-        elif ! horovod_setup >"$RUNS/horovod-setup.log" 2>&1; then
-            WHY="horovod: could not start sshd in the hosts: $(tail -n 1 "$RUNS/horovod-setup.log")"
-            horovod_teardown
-        fi
-    fi
 }
