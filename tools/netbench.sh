@@ -249,11 +249,13 @@ net_on_signal() {
 }
 
 network_benchmark() {
-    local row rate n most=$NHOSTS fsdp=0
+    local row rate n size most=$NHOSTS fsdp=0
+    local -A sizes=()
     for row in ${ROWS//,/ }; do  # bad rows fail here, before anything starts
         parse_row "$row"
         ((R_HOSTS > most)) && most=$R_HOSTS
         [[ $R_BACKEND == fsdp ]] && fsdp=1
+        sizes[$R_SIZE]=1
     done
     ((BATCH % NHOSTS == 0)) || die "the global batch $BATCH does not split over $NHOSTS hosts (-b)"
     [[ $EUID -eq 0 ]] || die "--hosts needs root: the test hosts are network namespaces (tools/hosts.sh)"
@@ -290,13 +292,9 @@ network_benchmark() {
     T0=$SECONDS
 
     # 1. one process's compute, for the model, at each image size of the rows
-    local -A profiled=()
-    for row in ${ROWS//,/ }; do
-        parse_row "$row"
-        [[ -n ${profiled[$R_SIZE]:-} ]] && continue
-        profiled[$R_SIZE]=1
-        "$PYTHON" tools/scaling_model.py profile -a "$ARCH" --image-size "$R_SIZE" --batch "$micro" \
-            --num-classes "$classes" --threads "$THREADS" --out "$RUNS/profile-$R_SIZE.json" 2>&1 | sed "s/^/$PROG: /"
+    for size in $(printf '%s\n' "${!sizes[@]}" | sort -n); do
+        "$PYTHON" tools/scaling_model.py profile -a "$ARCH" --image-size "$size" --batch "$micro" \
+            --num-classes "$classes" --threads "$THREADS" --out "$RUNS/profile-$size.json" 2>&1 | sed "s/^/$PROG: /"
     done
 
     # 2. the link at each rate, as collectives see it: across 2 to the most hosts; FSDP's at N hosts
