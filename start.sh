@@ -13,7 +13,7 @@ cd "$ROOT"
 # pass at 1gbit; the DDP rows beside their no-overlap baseline
 NET_LINKS=300mbit,1gbit
 NET_ROWS=distributed,distributed+onebucket,distributed+bf16,distributed+accum4,multiprocessing,apex
-NET_ROWS+=,fsdp,horovod,distributed+4hosts+32px,distributed+224px,distributed+224px+onebucket
+NET_ROWS+=,fsdp,distributed+4hosts+32px,distributed+224px,distributed+224px+onebucket
 usage() {
     cat <<EOF
 Usage: [VAR=value ...] bash $PROG [-h] [-o RESULTS_DIR] [-e EPOCHS] [-b BATCH] [-j WORKERS] [--only a,b,...]
@@ -55,7 +55,7 @@ Across test hosts over shaped links (as root; RESULTS_DIR/benchmark-network.{csv
   (kbit, mbit or gbit; 'unshaped' for the bare virtual link). Per rate, tools/allreduce_bench.py
   measures the link first (from 2 to the most hosts a row uses); then each row runs at each rate,
   and once in one process (one host) with the same work per process. A row is a backend
-  (distributed, apex, fsdp, multiprocessing, horovod) with optional +TAGs: bf16 or fp16
+  (distributed, apex, fsdp, multiprocessing) with optional +TAGs: bf16 or fp16
   (--grad-compression), accumK (--gradient-accumulation-steps K, global batch x K: the same
   micro-batch per process), SIZEpx (--image-size SIZE), Mhosts (M hosts instead of N, the same
   micro-batch per process), onebucket (DDP's gradients in one bucket: no overlap with the backward

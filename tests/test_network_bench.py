@@ -152,7 +152,7 @@ def test_a_row_is_a_backend_plus_script_arguments():
     rows = [
         "distributed",
         "distributed+bf16+accum4",
-        "horovod+fp16",
+        "fsdp+fp16",
         "multiprocessing+--amp=bf16+--no-augment",
         "apex+accum2",
         "fsdp+4hosts",
@@ -163,7 +163,7 @@ def test_a_row_is_a_backend_plus_script_arguments():
         "distributed.py 1 64 2 |  < distributed",
         "distributed.py 4 64 2 | --grad-compression bf16 --gradient-accumulation-steps 4 "
         "< distributed+bf16+accum4",
-        "horovod_distributed.py 1 64 2 | --grad-compression fp16 < distributed+fp16",
+        "fsdp_distributed.py 1 64 2 | --grad-compression fp16 < distributed+fp16",
         "multiprocessing_distributed.py 1 64 2 | --amp=bf16 --no-augment "
         "< distributed+--amp=bf16+--no-augment",
         "apex_distributed.py 2 64 2 | --gradient-accumulation-steps 2 < apex+accum2",
@@ -186,7 +186,7 @@ def test_rows_and_links_are_checked_before_anything_runs(tmp_path):
         ),
         (["--hosts", "2", "--rows", "distributed+zip"], "unknown tag 'zip'"),
         (["--hosts", "2", "--rows", "distributed+1hosts"], "'1hosts' wants 2 to 16 hosts"),
-        (["--hosts", "2", "--rows", "horovod+4hosts"], "horovod runs across --hosts N only"),
+        (["--hosts", "2", "--rows", "horovod"], "'horovod' does not run across hosts"),
         (["--hosts", "2", "--rows", "fsdp+onebucket"], "onebucket is for torchrun's DDP rows"),
         (["--link", "1gbit"], "--link, --rows and --steps go with --hosts N"),
     ]

@@ -10,7 +10,7 @@ NET_NET=${HOSTS_NET:-10.213.9}
 NET_TIMEOUT=${NET_TIMEOUT:-900}     # seconds any one run may take: a hang shows as a failure
 NET_VAL_IMAGES=16
 ALLREDUCE_MAX=${ALLREDUCE_MAX:-16M}  # the largest all-reduce timed per link: enough to fit its bandwidth
-BACKENDS_NET="distributed apex fsdp multiprocessing horovod"
+BACKENDS_NET="distributed apex fsdp multiprocessing"
 
 hosts_sh() { HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET bash "$ROOT/tools/hosts.sh" "$@"; }
 shape() { hosts_sh shape "${1/#unshaped/off}" >/dev/null 2>&1 || die "could not shape the hosts' links to $1"; }
@@ -27,7 +27,7 @@ parse_row() {
     R_ARGS=() R_WRAP=()
     case $R_BACKEND in
         distributed) R_SCRIPT=distributed.py ;;
-        apex | fsdp | multiprocessing | horovod) R_SCRIPT=${R_BACKEND}_distributed.py ;;
+        apex | fsdp | multiprocessing) R_SCRIPT=${R_BACKEND}_distributed.py ;;
         *) die "row '$row': '$R_BACKEND' does not run across hosts here (one of: ${BACKENDS_NET// /, })" ;;
     esac
     for tag in "${parts[@]:1}"; do
@@ -40,8 +40,7 @@ parse_row() {
             [1-9]*px) R_SIZE=${tag%px} ;;
             [1-9]*hosts)
                 R_HOSTS=${tag%hosts}
-                [[ $R_HOSTS =~ ^[0-9]+$ ]] && ((R_HOSTS >= 2 && R_HOSTS <= 16)) || die "row '$row': '$tag' wants 2 to 16 hosts"
-                [[ $R_BACKEND != horovod ]] || die "row '$row': horovod runs across --hosts N only" ;;
+                [[ $R_HOSTS =~ ^[0-9]+$ ]] && ((R_HOSTS >= 2 && R_HOSTS <= 16)) || die "row '$row': '$tag' wants 2 to 16 hosts" ;;
             onebucket)
                 [[ $R_BACKEND == distributed || $R_BACKEND == apex ]] || die "row '$row': onebucket is for torchrun's DDP rows"
                 R_WRAP=(tools/scaling_model.py one-bucket) ;;
@@ -53,8 +52,8 @@ parse_row() {
 }
 
 # The one-process run a row is compared with: the same script and tags but those of the hosts (Mhosts,
-# onebucket), except that the launchers that all run distributed.py's DDP step (mp.spawn, horovodrun,
-# and FSDP, which in one process shards nothing) share distributed.py's.
+# onebucket), except that mp.spawn's, which runs distributed.py's DDP step, and FSDP's, which in one
+# process shards nothing, are distributed.py's.
 ref_of() {
     local backend=${1%%+*} tag ref
     local -a parts
@@ -162,7 +161,7 @@ torchrun_all() {  # hosts port command...: torchrun on every host, static rendez
 }
 
 launch_row() {  # name rate dir script-args...: the row of R_* at one rate, across R_HOSTS hosts
-    local name=$1 rate=$2 dir=$3 h hostlist=""
+    local name=$1 rate=$2 dir=$3
     shift 3
     case $R_BACKEND in
         distributed | apex | fsdp)
@@ -170,71 +169,14 @@ launch_row() {  # name rate dir script-args...: the row of R_* at one rate, acro
         multiprocessing)  # the script on every host, node rank --rank, rendezvous at host 0
             each_host "$R_HOSTS" "$PYTHON" "$R_SCRIPT" --world-size "$R_HOSTS" --rank @H --nprocs 1 \
                 --dist-url "tcp://$(host 0):$((NET_PORT++))" "$@" --output-dir "$dir" ;;
-        horovod)  # horovodrun on host 0, which starts the other hosts' ranks through ssh
-            for ((h = 0; h < R_HOSTS; h++)); do hostlist+="${hostlist:+,}$(host "$h"):1"; done
-            ALL=("$HVDRUN" -np "$R_HOSTS" -H "$hostlist" --gloo -p "$SSH_PORT" -i "$SSH_DIR/client_key" --start-timeout 120
-                 "$PYTHON" "$R_SCRIPT" "$@" --output-dir "$dir") ;;
     esac
-    # horovodrun's ssh is ours, first on PATH (not in the command line: the report shows that)
-    PATH=${SSH_DIR:+$SSH_DIR/bin:}$PATH run_hosts "$name" "$rate" "$(ref_of "$name")" "$R_HOSTS" "$THREADS" "$dir" - \
-        -- "${ALL[@]}"
-}
-
-# ---- what some backends need first ----
-SSH_DIR=
-SSH_PORT=2222
-horovod_setup() {  # an sshd in each host, with a host key and a client key made here, for root
-    local h
-    command -v ssh-keygen >/dev/null && [[ -x /usr/sbin/sshd ]] || { echo "openssh-server and openssh-client (ssh-keygen, /usr/sbin/sshd) are missing"; return 1; }
-    # in the runs' folder (removed after the horovod runs), so that the report shows the key's path as
-    # typed in the checkout
-    SSH_DIR=$(cd "$RUNS" && pwd)/ssh
-    mkdir -p -m 700 "$SSH_DIR"
-    mkdir -p "$SSH_DIR/bin" /run/sshd
-    ssh-keygen -q -t ed25519 -N "" -f "$SSH_DIR/client_key" && ssh-keygen -q -t ed25519 -N "" -f "$SSH_DIR/host_key" || return 1
-    cp "$SSH_DIR/client_key.pub" "$SSH_DIR/authorized_keys"
-    # StrictModes no: the folders above the keys may be writable by others (a checkout under /tmp)
-    printf '%s\n' "Port $SSH_PORT" "HostKey $SSH_DIR/host_key" "AuthorizedKeysFile $SSH_DIR/authorized_keys" \
-        "PermitRootLogin prohibit-password" "PasswordAuthentication no" "KbdInteractiveAuthentication no" "UsePAM no" \
-        "LogLevel ERROR" "StrictModes no" >"$SSH_DIR/sshd_config"
-    # horovodrun's ssh accepts unknown host keys; this keeps them out of root's known_hosts
-    printf '#!/bin/sh\nexec %s -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "$@"\n' "$(command -v ssh)" >"$SSH_DIR/bin/ssh"
-    chmod 755 "$SSH_DIR/bin/ssh"
-    for ((h = 0; h < NHOSTS; h++)); do
-        hosts_sh exec "$(host "$h")" /usr/sbin/sshd -f "$SSH_DIR/sshd_config" -o PidFile="$SSH_DIR/sshd-$h.pid" || return 1
-    done
-}
-
-horovod_teardown() {
-    local f
-    [[ -n $SSH_DIR ]] || return 0
-    for f in "$SSH_DIR"/sshd-*.pid; do [[ -e $f ]] && kill "$(cat "$f")" 2>/dev/null || true; done
-    rm -rf -- "$SSH_DIR"
-    SSH_DIR=
-}
-
-# WHY: why the row of R_* cannot run, or nothing once its backend is set up (sshd in the hosts for
-# Horovod). Not to be called in a subshell: it sets SSH_DIR.
-row_setup() {
-    WHY=
-    [[ $R_BACKEND == horovod ]] || return 0
-    HVDRUN=$(dirname "$PYTHON")/horovodrun
-    [[ -x $HVDRUN ]] || HVDRUN=$(command -v horovodrun || true)
-    if ! "$PYTHON" -c 'import horovod.torch' >/dev/null 2>&1; then
-        WHY="horovod: not installed — PYTHON=$PYTHON bash tools/install-horovod.sh"
-    elif [[ -z $HVDRUN ]]; then
-        WHY="horovod: horovod.torch imports but horovodrun is not on PATH"
-    elif ! horovod_setup >"$RUNS/horovod-setup.log" 2>&1; then
-        WHY="horovod: could not start sshd in the hosts: $(tail -n 1 "$RUNS/horovod-setup.log")"
-        horovod_teardown
-    fi
+    run_hosts "$name" "$rate" "$(ref_of "$name")" "$R_HOSTS" "$THREADS" "$dir" - -- "${ALL[@]}"
 }
 
 # ---- the benchmark ----
 NET_MADE_HOSTS=0
 net_cleanup() {
     kill_run
-    horovod_teardown
     if [[ -n ${NET_UP:-} ]]; then
         hosts_sh shape off >/dev/null 2>&1 || true
         ((NET_MADE_HOSTS)) && hosts_sh down >/dev/null 2>&1 || true
@@ -328,23 +270,16 @@ network_benchmark() {
             --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" "${R_ARGS[@]}" --output-dir "$RUNS/1host/$ref"
     done
 
-    # 4. every row at every rate, row by row (a backend's set-up, sshd in the hosts, is made once)
+    # 4. every row at every rate, row by row
     for row in ${ROWS//,/ }; do
         parse_row "$row"
-        row_setup
         gb=$((micro * R_HOSTS * R_K))
         PROGRESS_BATCH=$gb
         for rate in ${LINKS//,/ }; do
-            if [[ -n $WHY ]]; then  # listed as not run, with the reason
-                printf '%-34s not run: %s\n' "$row @ $rate" "$WHY"
-                record "$row" "$rate" - skipped - - - - "$WHY"
-                continue
-            fi
             shape "$rate"
             launch_row "$row" "$rate" "$RUNS/$rate/$row" --data "$(net_data "$gb")" -a "$ARCH" -b "$gb" --epochs 1 \
                 -j "$WORKERS" --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" --dist-timeout 300 "${R_ARGS[@]}"
         done
-        [[ $R_BACKEND == horovod ]] && horovod_teardown
     done
 
     WALL=$((SECONDS - T0))
