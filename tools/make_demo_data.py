@@ -12,6 +12,7 @@ processes. The same --seed writes the same bytes, whatever --jobs.
 """
 
 import argparse
+import colorsys
 import functools
 import math
 import multiprocessing
@@ -25,14 +26,6 @@ from PIL import Image, ImageChops, ImageDraw
 # The shape of each class; its hue is spread evenly over the classes. Classes past the table
 # reuse the shapes with other hues, which stays learnable for a few dozen classes.
 SHAPES = ("disc", "square", "triangle", "ring", "cross", "stripes", "diamond", "dots")
-
-
-def hsv_to_rgb(h, s, v):
-    c = v * s
-    x = c * (1 - abs((h / 60.0) % 2 - 1))
-    m = v - c
-    r, g, b = [(c, x, 0), (x, c, 0), (0, c, x), (0, x, c), (x, 0, c), (c, 0, x)][int(h // 60) % 6]
-    return np.array([r + m, g + m, b + m]) * 255.0
 
 
 def shape_mask(shape, size, rng):
@@ -64,19 +57,15 @@ def draw(index, num_classes, rng):
     size = int(rng.integers(64, 161))  # varied sizes, as real photos are
     background = rng.uniform(40, 215, size=3)
     img = background + rng.normal(0, 25, size=(size, size, 3))
-    colour = hsv_to_rgb(
-        (hue + rng.uniform(-8, 8)) % 360, rng.uniform(0.7, 1.0), rng.uniform(0.75, 1.0)
-    )
-    img[shape_mask(shape, size, rng)] = colour
+    hsv = ((hue + rng.uniform(-8, 8)) % 360 / 360, rng.uniform(0.7, 1.0), rng.uniform(0.75, 1.0))
+    img[shape_mask(shape, size, rng)] = np.array(colorsys.hsv_to_rgb(*hsv)) * 255.0
     img += rng.normal(0, 8, size=img.shape)
     return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
 
 
 def per_class(total, num_classes):
     """Split `total` images over the classes as evenly as possible (first classes get the rest)."""
-    return [
-        total // num_classes + (1 if c < total % num_classes else 0) for c in range(num_classes)
-    ]
+    return [total // num_classes + (c < total % num_classes) for c in range(num_classes)]
 
 
 def write_split(out, split, counts, num_classes, rng):
