@@ -9,7 +9,6 @@ process of every job). docs/data.md says where the index goes and when the scrip
 
 import argparse
 import contextlib
-import glob
 import os
 import socket
 import sys
@@ -65,21 +64,12 @@ def index(folder, attempts=3):
         mtimes=np.asarray(list(before.values()), dtype=np.int64),
     )
     errors = []
-    paths = distributed.index_paths(folder)
-    for path in paths:
+    for path in distributed.index_paths(folder):
         try:
             write_index(path, samples)
+            return path, samples
         except OSError as e:  # a read-only data folder: the user's cache
             errors.append(f"{path}: {e.strerror or e}")
-            continue
-        # beside the data, the indexes of this folder by an older version are stale
-        if path == paths[0]:
-            prefix = os.path.basename(path).rsplit("-", 1)[0]
-            for old in glob.glob(os.path.join(os.path.dirname(path), prefix + "-*.npz")):
-                if old != path:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(old)
-        return path, samples
     raise OSError("cannot write an index: " + "; ".join(errors))
 
 
