@@ -234,15 +234,10 @@ def write_imagenet(out, train, val, num_classes, seed, jobs):
         for s in range(0, len(names), CHUNK):
             tasks.append((split, split_id, s, names[s : s + CHUNK], labels[s : s + CHUNK]))
     write = functools.partial(write_photos, seed, num_classes, out)
+    print(f"writing {train + val} images to {out} with {jobs} process(es)", flush=True)
     start = time.perf_counter()
-    stats = []
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        for sizes in pool.imap_unordered(write, tasks):
-            stats += sizes
-            if sys.stdout.isatty():
-                print(f"\r{len(stats)}/{train + val} images", end="", flush=True)
-    if sys.stdout.isatty():
-        print()
+        stats = [image for chunk in pool.imap_unordered(write, tasks) for image in chunk]
     elapsed = time.perf_counter() - start
     size, width, height = np.array(stats, dtype=np.float64).T
     print(
