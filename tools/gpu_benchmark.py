@@ -5,9 +5,6 @@ runs and how MFU is counted).
 
     python tools/gpu_benchmark.py        # ResNet-50, 224 px, batch 256: results/benchmark-gpu.md
     python tools/gpu_benchmark.py -a resnet18 --steps 30 --modes eager,reference --out /tmp/b.md
-
-Each mode runs in a process of its own; the first WARMUP steps (compilation, cuDNN's autotuning)
-are not timed.
 """
 
 import argparse
@@ -32,7 +29,7 @@ MODES = {
     "tf32": ["--amp", "off", "--no-channels-last"],
     "reference": [],
 }
-WARMUP = 2
+WARMUP = 2  # steps not timed: compilation, cuDNN's autotuning
 
 
 class DeviceBatches(list):
