@@ -37,16 +37,16 @@ def shape_mask(shape, size, rng):
     # rotate coordinates around the centre so squares, crosses and stripes are not axis-aligned
     u = (xx - cx) * math.cos(a) + (yy - cy) * math.sin(a)
     v = -(xx - cx) * math.sin(a) + (yy - cy) * math.cos(a)
-    d, m = np.hypot(u, v), max(r, 1.0)
+    d = np.hypot(u, v)
     masks = {
         "disc": d < r,
         "square": (abs(u) < r * 0.8) & (abs(v) < r * 0.8),
         "triangle": (v > -r * 0.6) & (v < r * 0.9 - abs(u) * 1.6),
         "ring": (d < r) & (d > r * 0.6),
         "cross": ((abs(u) < r * 0.25) | (abs(v) < r * 0.25)) & (d < r * 1.1),
-        "stripes": (np.sin(u / m * 3 * math.pi) > 0.3) & (d < r * 1.3),
+        "stripes": (np.sin(u / r * 3 * math.pi) > 0.3) & (d < r * 1.3),
         "diamond": abs(u) + abs(v) < r,
-        "dots": (np.sin(u / m * 2.5 * math.pi) * np.sin(v / m * 2.5 * math.pi) > 0.5)
+        "dots": (np.sin(u / r * 2.5 * math.pi) * np.sin(v / r * 2.5 * math.pi) > 0.5)
         & (d < r * 1.3),
     }
     return masks[shape]
