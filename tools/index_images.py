@@ -75,9 +75,7 @@ def index(folder, attempts=3):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "folders", nargs="+", metavar="DATA", help="holding train/ and val/, or class folders"
-    )
+    p.add_argument("folders", nargs="+", metavar="DATA", help="with train/ and val/, or a split")
     folders = []
     for folder in p.parse_args(argv).folders:
         splits = [os.path.join(folder, s) for s in ("train", "val")]
