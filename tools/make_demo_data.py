@@ -73,9 +73,8 @@ def write_split(out, split, counts, num_classes, rng):
         folder = os.path.join(out, split, f"class_{c:03d}")
         os.makedirs(folder, exist_ok=True)
         for i in range(count):
-            draw(c, num_classes, rng).save(
-                os.path.join(folder, f"{split}_{c:03d}_{i:05d}.JPEG"), quality=90
-            )
+            path = os.path.join(folder, f"{split}_{c:03d}_{i:05d}.JPEG")
+            draw(c, num_classes, rng).save(path, quality=90)
 
 
 # ---- --imagenet: ImageNet-shaped data ----
