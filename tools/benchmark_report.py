@@ -575,54 +575,31 @@ def write_md(rows, checks, info, args, path):
     write_lines(path, lines)
 
 
-def chart(heading, machine, args, info, height):
-    """A figure 14 inches wide under the report's title: what ran, where and when."""
+def check_lines(checks):
+    """The bars' PASS/FAIL lines, on the console and under the chart."""
+    return [f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}" for c in checks]
+
+
+def write_png(rows, checks, info, args, path):
+    """images/s and epoch time per backend, side by side, under what ran, where and when; the bars'
+    verdicts and MFU under them."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
-    fig = plt.figure(figsize=(14, height), layout="constrained")
-    load = ""
-    if args.load_before:
-        load = f", load average before/after {args.load_before} / {args.load_after}"
-    title = f"{heading}: {args.title}\n{machine}, torch {info['torch']}, {info['date']}{load}"
-    fig.suptitle(f"{title}\n{args.config}", x=0.01, ha="left", fontsize=10)
-    return fig
-
-
-def save_chart(fig, notes, path):
-    """The notes under the chart (the bars' verdicts first), then the PNG."""
-    import matplotlib.pyplot as plt
-
-    notes = [line for note in notes for line in textwrap.wrap(note, 160, subsequent_indent="    ")]
-    fig.text(0, 0, "\n".join(notes), va="top", fontsize=9, family="monospace")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-
-
-def bar_axes(ax, margin):
-    """Horizontal bars read top-down, with a light grid behind them."""
-    ax.invert_yaxis()  # the first run on top
-    ax.margins(x=margin)
-    ax.grid(axis="x", color="0.9")
-    ax.set_axisbelow(True)
-
-
-def check_lines(checks):
-    """The bars' PASS/FAIL lines, on the console and under the charts."""
-    return [f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}" for c in checks]
-
-
-def write_png(rows, checks, info, args, path):
-    """images/s and epoch time per backend, side by side; the bars' verdicts and MFU under them."""
     ok = [r for r in rows if r["status"] == "ok" and r["images_per_s"]]
     cap = info["cpu_peak"]
     cap = (
         f" {cap['capability']}, native bf16 {'yes' if cap['native_bf16'] else 'no'}" if cap else ""
     )
+    load = ""
+    if args.load_before:
+        load = f", load average before/after {args.load_before} / {args.load_after}"
     machine = f"{info['nproc']} CPUs ({info['cpu']}{cap}), GPUs: {info['gpus'][:60]}"
-    fig = chart("Benchmark", machine, args, info, 2 + 0.45 * len(ok))
+    fig = plt.figure(figsize=(14, 2 + 0.45 * len(ok)), layout="constrained")
+    title = f"Benchmark: {args.title}\n{machine}, torch {info['torch']}, {info['date']}{load}"
+    fig.suptitle(f"{title}\n{args.config}", x=0.01, ha="left", fontsize=10)
     labels = [f"{r['backend']}  ({shape(r)})" for r in ok]
     panels = (
         ("images_per_s", "images/s (higher is better)"),
@@ -633,12 +610,18 @@ def write_png(rows, checks, info, args, path):
         bars = ax.barh(labels, [r[key] or 0 for r in ok], color=[f"C{i}" for i in range(len(ok))])
         ax.bar_label(bars, fmt="%.1f", padding=3)
         ax.set_title(title, loc="left", fontweight="bold")
-        bar_axes(ax, 0.12)
+        ax.invert_yaxis()  # the first run on top
+        ax.margins(x=0.12)
+        ax.grid(axis="x", color="0.9")
+        ax.set_axisbelow(True)
         if i:
             ax.set_yticklabels([])
     notes = check_lines(checks) + [mfu_notes(ok, info["model"])]
     notes += [f"not run: {r['backend']}: {r['note']}" for r in rows if r["status"] != "ok"]
-    save_chart(fig, notes, path)
+    notes = [line for note in notes for line in textwrap.wrap(note, 160, subsequent_indent="    ")]
+    fig.text(0, 0, "\n".join(notes), va="top", fontsize=9, family="monospace")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
 
 
 # ---- the benchmark across test hosts: start.sh --hosts N --link RATES ----
@@ -670,7 +653,6 @@ LAUNCHERS = {
     "horovod": "horovodrun over ssh",
     "slurm": "srun -N N",
 }
-LABEL = dict(xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)  # right of a bar
 
 
 def network_report(args):
@@ -686,9 +668,8 @@ def network_report(args):
     everything = [*net["refs"].values(), *net["runs"]]
     write_csv(base + ".csv", NET_COLUMNS, everything, lambda column, x: f"{x:.4g}")
     write_network_md(net, checks, info, args, base + ".md")
-    write_network_png(net, checks, info, args, base + ".png")
     print(*check_lines(checks), sep="\n")
-    print(f"wrote {base}.csv, .md, .png")
+    print(f"wrote {base}.csv, .md")
 
 
 def row_parts(row, hosts=2, size=None):
@@ -1023,43 +1004,6 @@ def network_model_lines(net):
     if not pairs:
         lines.append("| no row ran beside its one-bucket twin | | | | | | | |")
     return lines
-
-
-def write_network_png(net, checks, info, args, path):
-    """images/s per row, a bar per link, the ideal in grey, the model as a black tick."""
-    rates, rows = net["rates"], list(net["rows"])
-    machine = f"{info['nproc']} CPUs ({info['cpu']})"
-    fig = chart("Network benchmark", machine, args, info, 2 + 0.25 * len(rows) * (len(rates) + 1.5))
-    ax = fig.add_subplot()
-    key = "grey: the one-host run x hosts, the ideal; black tick: the model"
-    ax.set_title(f"images/s per row and link ({key})", loc="left", fontweight="bold")
-    h = 1 / (len(rates) + 2)  # a group per row: the ideal, then a bar per link
-
-    def label(x, y, text, colour="black"):
-        ax.annotate(text, (x, y), color=colour, **LABEL)
-
-    for i, row in enumerate(rows):
-        first = next(r for r in net["runs"] if r["row"] == row)
-        if first.get("one_host_images_per_s"):  # the ideal: the row's hosts x its one-host run
-            ideal = first["hosts"] * first["one_host_images_per_s"]
-            ax.barh(i, ideal, h, color="0.85")
-            label(ideal, i, f"{first['hosts']} x 1 host {ideal:.1f}", "0.5")
-        for j, rate in enumerate(rates):
-            r, y = net["at"].get((row, rate)), i + (j + 1) * h
-            if not r or not r.get("images_per_s"):
-                why = "not run" if r and r["status"] == "skipped" else "failed" if r else "-"
-                label(0, y, f"{rate}: {why}", "0.6")
-                continue
-            ax.barh(y, r["images_per_s"], h, color=f"C{j}")
-            text, end = f"{rate} {r['images_per_s']:.1f}", r["images_per_s"]
-            if r.get("predicted_images_per_s"):
-                predicted = r["predicted_images_per_s"]
-                ax.plot([predicted] * 2, [y - h / 2, y + h / 2], color="black", linewidth=2.5)
-                text, end = f"{text} (model {predicted:.1f})", max(end, predicted)
-            label(end, y, text)
-    ax.set_yticks([i + h * len(rates) / 2 for i in range(len(rows))], rows)
-    bar_axes(ax, 0.25)
-    save_chart(fig, check_lines(checks), path)
 
 
 if __name__ == "__main__":
