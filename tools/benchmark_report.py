@@ -967,16 +967,9 @@ def network_model_lines(net):
             "No prediction: no modeled row ran, or the profile or the link measurement is missing."
         ]
     ks = [r["calibration"] for r in modeled]
-    profiles = "; ".join(
-        f"{p['source']}: forward {p['forward_s'] * 1e3:.0f} ms, backward "
-        f"{p['backward_s'] * 1e3:.0f} ms, optimizer {p['optimizer_s'] * 1e3:.0f} ms, "
-        f"{p['param_bytes'] / 1e6:.1f} MB of gradients in DDP buckets of "
-        f"{', '.join(format(b['bytes'] / 1e6, '.1f') for b in p['buckets'])} MB"
-        for p in net["profiles"].values()
-    )
     lines += [
-        f"Profiles ({profiles}), their times scaled to each row's one-host step by {min(ks):.2f} "
-        f"to {max(ks):.2f}.",
+        f"The profiles' times scaled to each row's one-host step by {min(ks):.2f} to "
+        f"{max(ks):.2f}: each prediction's command, below, prints the times it used.",
         "",
         "| row | link | hosts | measured images/s | predicted | error | comm / compute | "
         "comm / backward |",
