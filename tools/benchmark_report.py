@@ -645,14 +645,6 @@ ONE_BUCKET_MB = 2**20  # scaling_model.py one-bucket's bucket_cap_mb
 NET_COLUMNS = """row backend rate status processes threads_per_process images_per_s step_s
 one_host_images_per_s one_host_step_s efficiency exposed_s predicted_images_per_s model_error_pct
 comm_s comm_per_backward baseline_step_s hidden_pct predicted_hidden_pct wall_s note""".split()
-LAUNCHERS = {
-    "distributed": "torchrun distributed.py",
-    "apex": "torchrun apex_distributed.py",
-    "fsdp": "torchrun fsdp_distributed.py",
-    "multiprocessing": "multiprocessing_distributed.py (mp.spawn)",
-    "horovod": "horovodrun over ssh",
-    "slurm": "srun -N N",
-}
 
 
 def network_report(args):
@@ -901,39 +893,24 @@ def write_network_md(net, checks, info, args, path):
             return cell(r, "exposed_s", 2)
         return f"{r['exposed_s']:.2f}" + (f" of {r['comm_s']:.2f}" if r.get("comm_s") else "")
 
-    def by_rate(heading, head, rule, one_host, value):
-        """A table: per row, its one-host column(s), then its value at each link."""
-        lines = [
-            "",
-            f"## {heading}",
-            "",
-            md_row(["row", *head, *rates]),
-            rule + "--:|" * len(rates),
-        ]
+    def by_rate(heading, value, one_host=None):
+        """A table: per row, its one-host run's (column, key, digits) if given, then its value at
+        each link."""
+        head = [one_host[0]] if one_host else []
+        rule = "|---|" + "--:|" * (len(head) + len(rates))
+        lines = ["", f"## {heading}", "", md_row(["row", *head, *rates]), rule]
         for row, ref in net["rows"].items():
+            first = [cell(ref, *one_host[1:])] if one_host else []
             at_rates = [value(net["at"].get((row, rate))) for rate in rates]
-            lines.append(md_row([row, *one_host(row, ref), *at_rates]))
+            lines.append(md_row([row, *first, *at_rates]))
         return lines
 
     lines = head_lines("Network benchmark", args, info, "not used") + [NET_DOCS, ""]
     lines += ["## The links, as collectives see them", "", *network_link_lines(net)]
-    lines += by_rate(
-        "Images/s",
-        ["launcher", "1 host"],
-        "|---|---|--:|",
-        lambda row, ref: [LAUNCHERS.get(row.split("+")[0], ""), cell(ref, "images_per_s", 2)],
-        lambda r: cell(r, "images_per_s", 2),
-    )
-    lines += by_rate(
-        "Scaling efficiency", [], "|---|", lambda row, ref: [], lambda r: cell(r, "efficiency", 2)
-    )
-    lines += by_rate(
-        "Communication not hidden behind the backward pass",
-        ["1 host step (s)"],
-        "|---|--:|",
-        lambda row, ref: [cell(ref, "step_s", 3)],
-        exposed,
-    )
+    one_host_ips, one_host_step = ("1 host", "images_per_s", 2), ("1 host step (s)", "step_s", 3)
+    lines += by_rate("Images/s", lambda r: cell(r, "images_per_s", 2), one_host_ips)
+    lines += by_rate("Scaling efficiency", lambda r: cell(r, "efficiency", 2))
+    lines += by_rate("Communication not hidden behind the backward pass", exposed, one_host_step)
     lines += ["", *network_model_lines(net), "", "## Bars", ""]
     lines += ["| check | what | bar | if absent | measured | result |", "|---|---|---|---|---|---|"]
     lines += [check_row(c, [c["absent"]]) for c in checks]
