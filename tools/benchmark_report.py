@@ -6,9 +6,7 @@
     python tools/benchmark_report.py --network --hosts 2 --batch 16 ...   # start.sh --hosts N
 
 It reads each run's RESULTS/runs/NAME/metrics.jsonl (rank 0's epochs) and stats.csv
-(statistics.sh's samples), and shows commands as a user types them in the checkout. MFU, as
-nanoGPT counts it: images/s x the training FLOPs of an image over the peak of the hardware the
-run used; on CPU, the matmul peak that `cpu-peak` measured before the runs (docs/benchmark.md).
+(statistics.sh's samples). What each column and bar means, MFU included: docs/benchmark.md.
 """
 
 import argparse
@@ -41,8 +39,8 @@ BARS = [("apex", "distributed", None, AMP_WHAT), ("distributed", "dataparallel",
 DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
 
 # Dense (no 2:4 sparsity) bf16 tensor-core TFLOP/s of one GPU, from NVIDIA's data sheets, as
-# nanoGPT uses (312 for an A100); fp32 runs are measured against it too, so their MFU is low by
-# design. (words found in a row among the nvidia-smi name's words, TFLOP/s); the first match wins.
+# nanoGPT uses (312 for an A100): (words found in a row among the nvidia-smi name's words,
+# TFLOP/s); the first match wins.
 # NVL parts (H100 NVL, H200 NVL: lower clocks) match none: set PEAK_TFLOPS for those and others.
 GPU_PEAK_TFLOPS = [
     ("H100 PCIE", 756.0),
@@ -874,12 +872,6 @@ def sent_per_byte(rows):
     return rows[-1]["sent_bytes"] / rows[-1]["bytes"]
 
 
-# what the network report's tables and bars mean is said once, in the docs
-NET_DOCS = (
-    "What each table and bar means: docs/benchmark.md, 'Across test hosts over shaped links'."
-)
-
-
 def write_network_md(net, checks, info, args, path):
     rates = net["rates"]
 
@@ -905,7 +897,12 @@ def write_network_md(net, checks, info, args, path):
             lines.append(md_row([row, *first, *at_rates]))
         return lines
 
-    lines = head_lines("Network benchmark", args, info, "not used") + [NET_DOCS, ""]
+    lines = head_lines("Network benchmark", args, info, "not used")
+    # what the tables and bars mean is said once, in the docs
+    lines += [
+        "What each table and bar means: docs/benchmark.md, 'Across test hosts over shaped links'.",
+        "",
+    ]
     lines += ["## The links, as collectives see them", "", *network_link_lines(net)]
     one_host_ips, one_host_step = ("1 host", "images_per_s", 2), ("1 host step (s)", "step_s", 3)
     lines += by_rate("Images/s", lambda r: cell(r, "images_per_s", 2), one_host_ips)
