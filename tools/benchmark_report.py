@@ -327,16 +327,16 @@ def read_metrics(path):
 def read_stats(path, gpus):
     """(mean utilization %, 'CPU %' or 'GPU util %', peak RSS of the process tree or summed GPU
     memory, MiB) from statistics.sh's samples; (None, "", None) without them."""
-    if not os.path.isfile(path):
+    rows = []
+    if os.path.isfile(path):
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f, skipinitialspace=True))
+    if not rows:
         return None, "", None
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f, skipinitialspace=True))
-    if rows and "cpu_percent" in rows[0]:
+    if "cpu_percent" in rows[0]:
         cpu = [float(r["cpu_percent"]) for r in rows if r.get("cpu_percent")]
         rss = [float(r["rss_mb"]) for r in rows if r.get("rss_mb")]
         return mean(cpu), "CPU %", max(rss, default=None)
-    if not rows:
-        return None, "", None
     util_key = next((k for k in rows[0] if k.startswith("utilization.gpu")), None)
     mem_key = next((k for k in rows[0] if k.startswith("memory.used")), None)
     wanted = {g.strip() for g in gpus.split(",")} if gpus not in ("", "-") else None
@@ -746,7 +746,7 @@ def summarise_network(args, cores):
     rows = {}
     for r in runs:
         rows.setdefault(r["row"], refs.get(r["ref"]))
-    return dict(rates=rates, links=links, refs=refs, runs=runs, at=at, rows=rows, profiles=profiles)
+    return dict(rates=rates, links=links, refs=refs, runs=runs, at=at, rows=rows)
 
 
 def hidden(step, baseline, alone):
@@ -918,12 +918,6 @@ def write_network_md(net, checks, info, args, path):
     lines += ["", "## Commands", ""]
     ran = [r for r in everything if r["status"] != "skipped"]
     lines += [f"- {r['row']} @ {r['rate']}: `{r['command']}`" for r in ran]
-    for p in net["profiles"].values():
-        lines.append(
-            f"- profile: `python tools/scaling_model.py profile -a {p['arch']} --image-size "
-            f"{p['image_size']} --batch {p['batch']} --num-classes {p['num_classes']} --threads "
-            f"{p['threads']} --out {as_typed(p['path'])}`"
-        )
     predicted = [r for r in net["runs"] if r.get("predict_command")]
     lines += [
         f"- prediction, {r['row']} @ {r['rate']}: `{r['predict_command']}`" for r in predicted
