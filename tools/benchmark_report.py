@@ -12,7 +12,6 @@ It reads each run's RESULTS/runs/NAME/metrics.jsonl (rank 0's epochs) and stats.
 import argparse
 import csv
 import datetime
-import functools
 import glob
 import json
 import math
@@ -38,10 +37,9 @@ DDP_WHAT = "DDP {p} procs x {t} thread(s) vs one process x {c} threads, images/s
 BARS = [("apex", "distributed", None, AMP_WHAT), ("distributed", "dataparallel", 0.90, DDP_WHAT)]
 DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
 
-# Dense (no 2:4 sparsity) bf16 tensor-core TFLOP/s of one GPU, from NVIDIA's data sheets, as
-# nanoGPT uses (312 for an A100): (words found in a row among the nvidia-smi name's words,
-# TFLOP/s); the first match wins.
-# NVL parts (H100 NVL, H200 NVL: lower clocks) match none: set PEAK_TFLOPS for those and others.
+# Dense (no 2:4 sparsity) bf16 tensor-core TFLOP/s of one GPU from NVIDIA's data sheets, as nanoGPT
+# uses (312 for an A100), by words found in a row in the nvidia-smi name; the first match wins. NVL
+# parts (H100 NVL, H200 NVL: lower clocks) match none: set PEAK_TFLOPS for those and others.
 GPU_PEAK_TFLOPS = [
     ("H100 PCIE", 756.0),
     ("H100", 989.0),  # the SXM figure: "H100 80GB HBM3" (nvidia-smi's SXM5) and other H100 names
@@ -108,7 +106,6 @@ def main(argv):
 # ---- the model's FLOPs and the hardware's peak ----
 
 
-@functools.cache
 def train_flops_per_image(arch, image_size, num_classes=1000):
     """FLOPs of one forward and backward pass of torchvision's `arch` per image: convolutions and
     matrix products (norms, activations and the loss are under 1% of a ResNet), counted on the
@@ -534,7 +531,6 @@ COLUMNS_TEXT = (
     "What each column means, and how MFU is counted: docs/benchmark.md. images/s leaves out the "
     "first 2 (warm-up) steps; epoch time includes them. {util}: mean over the whole run."
 )
-# where to read what FSDP saves per process against DDP: the committed tools/fsdp_memory.py report
 FSDP_MEMORY = (
     "- fsdp holds 1/N of the parameters, gradients and momentum per process; what that saves "
     "against DDP: results/fsdp-memory.md (`.venv/bin/python tools/fsdp_memory.py`)"
@@ -623,13 +619,11 @@ def write_png(rows, checks, info, args, path):
 
 
 # ---- the benchmark across test hosts: start.sh --hosts N --link RATES ----
-# Its runs are under RESULTS/runs-network: manifest.tsv (row, rate, the one-host row it is compared
-# with, status, processes, threads, exit status, wall seconds, command or reason), RATE/ROW/ and
-# 1host/ROW/metrics.jsonl, allreduce-RATE-nN.json (tools/allreduce_bench.py at N hosts) for each
-# link and profile-SIZE.json (tools/scaling_model.py profile) for each image size.
+# Its runs are under RESULTS/runs-network: manifest.tsv (NET_MANIFEST; ref: the one-host row),
+# RATE/ROW/ and 1host/ROW/metrics.jsonl, allreduce-RATE-nN.json (tools/allreduce_bench.py at N
+# hosts) for each link and profile-SIZE.json (tools/scaling_model.py profile) for each image size.
 
 NET_MANIFEST = "row rate ref status processes threads_per_process rc wall_s command".split()
-ONE_HOST = "1 host"
 # (check, row, its minimum images/s ratio over fp32 DDP's at the slowest rate, what the row adds)
 NET_GAINS = [
     ("compression", "distributed+bf16", 1.6, "bf16 gradients"),
@@ -689,7 +683,7 @@ def summarise_network(args, cores):
     for path in glob.glob(os.path.join(runs_dir, "profile-*.json")):
         profile = json.load(open(path))
         profiles[profile["image_size"]] = dict(profile, path=path)
-    rates = {m["rate"] for m in manifest if m["rate"] != ONE_HOST}  # slowest first, unshaped last
+    rates = {m["rate"] for m in manifest if m["rate"] != "1 host"}  # slowest first, unshaped last
     rates = sorted(rates, key=lambda x: math.inf if x == "unshaped" else parse_rate(x))
     links = {}  # per rate: the collectives' benchmarks by host count, and the model's link
     for rate in rates:
@@ -703,7 +697,7 @@ def summarise_network(args, cores):
         if m["row"] == "allreduce":
             continue
         r = dict(m, **row_parts(m["row"], args.hosts, args.image_size))
-        one = m["rate"] == ONE_HOST
+        one = m["rate"] == "1 host"
         d = os.path.join(runs_dir, "1host" if one else m["rate"], m["row"])
         metrics = read_metrics(os.path.join(d, "metrics.jsonl"))
         ips = metrics[-1].get("train_images_per_s") if metrics else None
