@@ -13,7 +13,7 @@ cd "$ROOT"
 # pass at 1gbit; the DDP rows beside their no-overlap baseline
 NET_LINKS=300mbit,1gbit
 NET_ROWS=distributed,distributed+onebucket,distributed+bf16,distributed+accum4,multiprocessing,apex
-NET_ROWS+=,fsdp,horovod,distributed+4hosts+32px,distributed+224px,distributed+224px+onebucket
+NET_ROWS+=,fsdp,distributed+4hosts+32px,distributed+224px,distributed+224px+onebucket
 usage() {
     cat <<EOF
 Usage: [VAR=value ...] bash $PROG [-h] [-o RESULTS_DIR] [-e EPOCHS] [-b BATCH] [-j WORKERS] [--only a,b,...]
@@ -55,15 +55,14 @@ Across test hosts over shaped links (as root; RESULTS_DIR/benchmark-network.{csv
   (kbit, mbit or gbit; 'unshaped' for the bare virtual link). Per rate, tools/allreduce_bench.py
   measures the link first (from 2 to the most hosts a row uses); then each row runs at each rate,
   and once in one process (one host) with the same work per process. A row is a backend
-  (distributed, apex, fsdp, multiprocessing, horovod) with optional +TAGs: bf16 or fp16
+  (distributed, apex, fsdp, multiprocessing) with optional +TAGs: bf16 or fp16
   (--grad-compression), accumK (--gradient-accumulation-steps K, global batch x K: the same
   micro-batch per process), SIZEpx (--image-size SIZE), Mhosts (M hosts instead of N, the same
   micro-batch per process), onebucket (DDP's gradients in one bucket: no overlap with the backward
-  pass), or a script option as one word (distributed+--amp=bf16). A row whose script lacks an
-  option is listed as not run. tools/scaling_model.py measures one process's compute first, and
-  the report sets its predictions beside the measured images/s. Defaults: ResNet-18, 64 px, global
-  batch 16 (8 per process), STEPS=8 steps (the first 2 left out of images/s), -j 0, links
-  $NET_LINKS, rows $NET_ROWS.
+  pass), or a script option as one word (distributed+--amp=bf16). tools/scaling_model.py
+  measures one process's compute first, and the report sets its predictions beside the measured
+  images/s. Defaults: ResNet-18, 64 px, global batch 16 (8 per process), STEPS=8 steps (the first
+  2 left out of images/s), -j 0, links $NET_LINKS, rows $NET_ROWS.
   About 10 minutes on 2 cores.
 
 Options and environment (flags win over environment):

@@ -89,15 +89,8 @@ def test_slow_link_lowers_images_per_s_compression_raises_them_and_the_model_pre
     root, tmp_path, other_hosts
 ):
     had = [h for h in our_hosts() if h.startswith(PREFIX)]
-    compressed, unknown, three = (
-        "distributed+bf16",
-        "distributed+--no-such-option=1",
-        "distributed+3hosts",
-    )
-    table, md = network_bench(tmp_path, SLOW, f"distributed,{compressed},{unknown},{three}")
-    # a row whose option the script lacks is listed as not run, and the rest runs
-    assert table[(unknown, SLOW)]["status"] == "skipped", table[(unknown, SLOW)]
-    assert "distributed.py has no --no-such-option" in table[(unknown, SLOW)]["note"]
+    compressed, three = "distributed+bf16", "distributed+3hosts"
+    table, md = network_bench(tmp_path, SLOW, f"distributed,{compressed},{three}")
     slow, one = table[("distributed", SLOW)], table[("distributed", "1 host")]
     assert slow["status"] == one["status"] == "ok", table
     # each step all-reduces 2.9 MB, about 1.2 s at 20 Mbit/s, against a step of ~0.1 s in one
@@ -161,7 +154,7 @@ def test_a_row_is_a_backend_plus_script_arguments():
     rows = [
         "distributed",
         "distributed+bf16+accum4",
-        "horovod+fp16",
+        "fsdp+fp16",
         "multiprocessing+--amp=bf16+--no-augment",
         "apex+accum2",
         "fsdp+4hosts",
@@ -172,7 +165,7 @@ def test_a_row_is_a_backend_plus_script_arguments():
         "distributed.py 1 64 2 |  < distributed",
         "distributed.py 4 64 2 | --grad-compression bf16 --gradient-accumulation-steps 4 "
         "< distributed+bf16+accum4",
-        "horovod_distributed.py 1 64 2 | --grad-compression fp16 < distributed+fp16",
+        "fsdp_distributed.py 1 64 2 | --grad-compression fp16 < distributed+fp16",
         "multiprocessing_distributed.py 1 64 2 | --amp=bf16 --no-augment "
         "< distributed+--amp=bf16+--no-augment",
         "apex_distributed.py 2 64 2 | --gradient-accumulation-steps 2 < apex+accum2",
@@ -195,7 +188,7 @@ def test_rows_and_links_are_checked_before_anything_runs(tmp_path):
         ),
         (["--hosts", "2", "--rows", "distributed+zip"], "unknown tag 'zip'"),
         (["--hosts", "2", "--rows", "distributed+1hosts"], "'1hosts' wants 2 to 16 hosts"),
-        (["--hosts", "2", "--rows", "horovod+4hosts"], "horovod runs across --hosts N only"),
+        (["--hosts", "2", "--rows", "horovod"], "'horovod' does not run across hosts"),
         (["--hosts", "2", "--rows", "fsdp+onebucket"], "onebucket is for torchrun's DDP rows"),
         (["--link", "1gbit"], "--link, --rows and --steps go with --hosts N"),
     ]

@@ -4,17 +4,11 @@
     torchrun --nproc_per_node=2 tools/allreduce_bench.py               # gloo on CPU, NCCL on GPUs
     torchrun --nproc_per_node=8 tools/allreduce_bench.py -b 8 -e 1G -f 2   # all_reduce_perf's sweep
     torchrun --nproc_per_node=2 tools/allreduce_bench.py --op all_reduce,all_gather,reduce_scatter
-    # across two test hosts (tools/hosts.sh), one process each:
-    tools/hosts.sh exec node0 .venv/bin/torchrun --nnodes=2 --node-rank=0 --master-addr=node0 \\
-        --master-port=29500 tools/allreduce_bench.py --json results/allreduce.json
-    tools/hosts.sh exec node1 .venv/bin/torchrun --nnodes=2 --node-rank=1 --master-addr=node0 \\
-        --master-port=29500 tools/allreduce_bench.py
 
-Per collective (all_gather and reduce_scatter: the single-tensor forms FSDP2 calls) and size,
-float32: the slowest process's mean time, algbw = size / time and busbw = algbw x f as nccl-tests
-defines them (f = 2 (n - 1) / n for an all-reduce, (n - 1) / n for the others), the bytes a process
-sent, and the fit time = alpha + size x f / busbw over the sizes from 256 KiB that
-tools/scaling_model.py uses for a link. A size is timed as often as fits in --seconds (at most 20).
+start.sh --hosts N runs it across test hosts (tools/netbench.sh); docs/benchmark.md defines its
+columns and fit, which tools/scaling_model.py reads from --json as a link. all_gather and
+reduce_scatter are the single-tensor forms FSDP2 calls. A size is timed as often as fits in
+--seconds (at most 20).
 """
 
 import argparse
@@ -60,26 +54,28 @@ def bus_factor(op, n):
     return (2 if op == "all_reduce" else 1) * (n - 1) / n
 
 
+def line(points):
+    """(slope, intercept) of the least-squares line through (x, y) points; slope 0 where every x
+    is the same."""
+    xs, ys = zip(*points, strict=True)
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in points) / spread if spread else 0.0
+    return slope, my - slope * mx
+
+
 def fit(rows, factor, fit_from):
     """(alpha seconds, busbw bytes/s) of time = alpha + size x factor / busbw, least squares over
     the rows of at least fit_from bytes (the two largest sizes if fewer). alpha is not let below
     0: a negative intercept is noise, and the smallest size's time is then the better latency."""
     use = [r for r in rows if r["bytes"] >= fit_from]
-    if len(use) < 2:
-        use = rows[-2:]
-    xs = [r["bytes"] * factor for r in use]
-    ys = [r["time_s"] for r in use]
-    if len(use) < 2 or max(xs) == min(xs):
-        return rows[0]["time_s"], (xs[-1] / ys[-1] if ys[-1] > 0 else None)
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    slope /= sum((x - mx) ** 2 for x in xs)
-    if slope <= 0:
-        return rows[0]["time_s"], xs[-1] / ys[-1]
-    alpha = my - slope * mx
+    points = [(r["bytes"] * factor, r["time_s"]) for r in (use if len(use) >= 2 else rows[-2:])]
+    slope, alpha = line(points)
+    if slope <= 0:  # one size, or noise: the smallest size's time, the largest one's rate
+        return rows[0]["time_s"], points[-1][0] / points[-1][1]
     if alpha < 0:  # refit through the smallest size's time
         alpha = min(r["time_s"] for r in rows)
-        slope = sum((y - alpha) * x for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
+        slope = sum((y - alpha) * x for x, y in points) / sum(x * x for x, _ in points)
     return alpha, 1 / slope
 
 

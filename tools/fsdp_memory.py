@@ -42,20 +42,6 @@ COLUMNS = [
 ]
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--arch", nargs="+", default=["resnet152"], help="torchvision models, in turn")
-    p.add_argument("--nproc", type=int, default=2, help="processes (default: 2)")
-    p.add_argument("--batch", type=int, default=4, help="global batch (default: 4)")
-    p.add_argument("--size", type=int, default=64, help="image size (default: 64)")
-    p.add_argument("--steps", type=int, default=2, help="SGD steps (default: 2)")
-    p.add_argument("--json", metavar="PATH", help="also write the measurements as JSON")
-    p.add_argument("--md", metavar="PATH", help="also write the report (markdown) to PATH")
-    p.add_argument("--worker", choices=sorted(SCRIPTS), help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
-
-
 def rss():  # resident now, bytes
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -201,7 +187,17 @@ def report(a, runs, argv, load_before, load_after, wall):
 
 
 def main():
-    a = parse_args()
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arch", nargs="+", default=["resnet152"], help="torchvision models, in turn")
+    p.add_argument("--nproc", type=int, default=2, help="processes (default: 2)")
+    p.add_argument("--batch", type=int, default=4, help="global batch (default: 4)")
+    p.add_argument("--size", type=int, default=64, help="image size (default: 64)")
+    p.add_argument("--steps", type=int, default=2, help="SGD steps (default: 2)")
+    p.add_argument("--json", metavar="PATH", help="also write the measurements as JSON")
+    p.add_argument("--md", metavar="PATH", help="also write the report (markdown) to PATH")
+    p.add_argument("--worker", choices=sorted(SCRIPTS), help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    a = p.parse_args()
     if a.worker:
         return worker(a)
     if a.batch < 2 * a.nproc:  # BatchNorm needs 2 samples per process in training

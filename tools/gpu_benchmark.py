@@ -1,16 +1,10 @@
 #!/usr/bin/env python3
 """Training speed on one GPU: apex_distributed.py's own step against a plain loop, on batches
-already on the GPU, so that neither decoding nor copies are timed (docs/gpu.md).
+already on the GPU, so that neither decoding nor copies are timed (docs/gpu.md says what each mode
+runs and how MFU is counted).
 
     python tools/gpu_benchmark.py        # ResNet-50, 224 px, batch 256: results/benchmark-gpu.md
     python tools/gpu_benchmark.py -a resnet18 --steps 30 --modes eager,reference --out /tmp/b.md
-
-Each mode runs in a process of its own: apex_distributed.py's main() with MODES' flags and a
-training loader of one batch made on the device, or "reference", a plain loop of torchvision's
-model, torch.amp bf16, channels_last and torch.optim.SGD. "tf32" is --amp off, which on a GPU runs
-cuDNN's convolutions in TF32 (PyTorch's default). The first WARMUP steps (compilation, cuDNN's
-autotuning) are not timed. MFU: images/s x an image's training FLOPs, against the GPU's dense bf16
-peak (PEAK_TFLOPS, or tools/benchmark_report.py's table) and the matmul peak measured here first.
 """
 
 import argparse
@@ -35,34 +29,35 @@ MODES = {
     "tf32": ["--amp", "off", "--no-channels-last"],
     "reference": [],
 }
-WARMUP = 2
+WARMUP = 2  # steps not timed: compilation, cuDNN's autotuning
 
 
 class DeviceBatches(list):
-    """A training loader of `steps` times one batch that lives on the device; the script's own
-    sampler stays, for what its loop reads of it."""
-
-    def __init__(self, steps, batch, image_size, sampler, device):
-        images = torch.randn(batch, 3, image_size, image_size, device=device)
-        target = torch.randint(0, 1000, (batch,), device=device)
-        super().__init__([(images, target)] * steps)
-        self.sampler = sampler
+    """A training loader: one batch on the device, again and again; it carries the script's own
+    sampler, for what the script's loop reads of it."""
 
 
-def script_mode(args, mode, out):
+def device_batch(args, device):
+    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+    return images, torch.randint(0, 1000, (args.batch_size,), device=device)
+
+
+def script_mode(args):
     """apex_distributed.py's main() with DeviceBatches for its training loader."""
+    out = os.path.join(args.runs, args.child)
     sys.path.insert(0, ROOT)
     apex = importlib.import_module("apex_distributed")
     build_loaders = apex.build_loaders
 
     def on_device(train_set, val_set, a, rank, world_size, device):
         _, sampler, val_loader = build_loaders(train_set, val_set, a, rank, world_size, device)
-        batches = DeviceBatches(args.steps, a.batch_size, a.image_size, sampler, device)
+        batches = DeviceBatches([device_batch(args, device)] * args.steps)
+        batches.sampler = sampler
         return batches, sampler, val_loader
 
     apex.build_loaders = on_device
     shape = ["-a", args.arch, "--image-size", str(args.image_size), "-b", str(args.batch_size)]
-    rest = ["--epochs", "1", "-j", "0", "-p", "1000000", "--output-dir", out, *MODES[mode]]
+    rest = ["--epochs", "1", "-j", "0", "-p", "1000000", "--output-dir", out, *MODES[args.child]]
     sys.argv = ["apex_distributed.py", "--dummy", *shape, *rest]
     apex.main()
     with open(os.path.join(out, "metrics.jsonl")) as f:
@@ -79,8 +74,7 @@ def reference_mode(args, device):
     model = torchvision.models.get_model(args.arch, num_classes=1000)
     model.to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
-    target = torch.randint(0, 1000, (args.batch_size,), device=device)
+    images, target = device_batch(args, device)
     for step in range(args.steps):
         if step == WARMUP:
             synchronize(device)
@@ -112,10 +106,7 @@ def peak_memory_mb(device):
 def child(args):
     """One mode, in this process: its result as one JSON line on the last line of stdout."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if args.child == "reference":
-        result = reference_mode(args, device)
-    else:
-        result = script_mode(args, args.child, os.path.join(args.runs, args.child))
+    result = reference_mode(args, device) if args.child == "reference" else script_mode(args)
     result["tf32_convolutions"] = torch.backends.cudnn.allow_tf32 and device.type == "cuda"
     print(json.dumps(result), flush=True)
 
@@ -129,7 +120,6 @@ def matmul_peak(device, size):
         a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
         timer = benchmark.Timer("a @ b", globals=dict(a=a, b=b))
         peaks[name] = 2 * size**3 / timer.blocked_autorange(min_run_time=1).median / 1e12
-    torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default
     return peaks
 
 
@@ -137,11 +127,10 @@ def run_modes(args, argv):
     results = {}
     for mode in args.modes.split(","):
         log = os.path.join(args.runs, f"{mode}.log")
-        os.makedirs(os.path.join(args.runs, mode), exist_ok=True)
+        os.makedirs(os.path.join(args.runs, mode), exist_ok=True)  # beside --out: makes its folder
+        cmd = [sys.executable, __file__, *argv, "--child", mode]
         with open(log, "w") as f:
-            p = subprocess.run(
-                [sys.executable, __file__, *argv, "--child", mode], stdout=f, stderr=f
-            )
+            p = subprocess.run(cmd, stdout=f, stderr=f)
         results[mode] = f"failed (exit {p.returncode}, {log})"
         if p.returncode == 0:  # the child's result is the last line of its log
             with open(log) as f:
@@ -177,7 +166,6 @@ def main(argv):
 def write_report(args, argv, name, measured, results):
     flops = report.train_flops_per_image(args.arch, args.image_size)
     vendor = float(os.environ.get("PEAK_TFLOPS") or 0) or (name and report.gpu_peak_tflops(name))
-    fmt = report.fmt
     lines = [
         "# GPU benchmark: batches on the device",
         "",
@@ -202,8 +190,8 @@ def write_report(args, argv, name, measured, results):
         precision += " (TF32 convolutions)" if r["tf32_convolutions"] and r["amp"] == "off" else ""
         lines.append(
             f"| {mode} | {precision} | {r['images_per_s']:.0f} | {report.fmt_tflops(tflops)} | "
-            f"{fmt(vendor and 100 * tflops / vendor)} | {100 * tflops / own:.1f} | "
-            f"{fmt(r['compile_s'])} | {r['memory_mb']:.0f} |"
+            f"{report.fmt(vendor and 100 * tflops / vendor)} | {100 * tflops / own:.1f} | "
+            f"{report.fmt(r['compile_s'])} | {r['memory_mb']:.0f} |"
         )
     ok = {m: r["images_per_s"] for m, r in results.items() if isinstance(r, dict)}
     lines.append("")
@@ -214,7 +202,6 @@ def write_report(args, argv, name, measured, results):
     ):
         if a in ok and b in ok:
             lines.append(f"- {what}: {ok[a] / ok[b]:.2f}x")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     report.write_lines(args.out, lines)
     print("\n".join(lines))
 

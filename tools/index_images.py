@@ -9,7 +9,6 @@ process of every job). docs/data.md says where the index goes and when the scrip
 
 import argparse
 import contextlib
-import glob
 import os
 import socket
 import sys
@@ -65,29 +64,18 @@ def index(folder, attempts=3):
         mtimes=np.asarray(list(before.values()), dtype=np.int64),
     )
     errors = []
-    paths = distributed.index_paths(folder)
-    for path in paths:
+    for path in distributed.index_paths(folder):
         try:
             write_index(path, samples)
+            return path, samples
         except OSError as e:  # a read-only data folder: the user's cache
             errors.append(f"{path}: {e.strerror or e}")
-            continue
-        # beside the data, the indexes of this folder by an older version are stale
-        if path == paths[0]:
-            prefix = os.path.basename(path).rsplit("-", 1)[0]
-            for old in glob.glob(os.path.join(os.path.dirname(path), prefix + "-*.npz")):
-                if old != path:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(old)
-        return path, samples
     raise OSError("cannot write an index: " + "; ".join(errors))
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument(
-        "folders", nargs="+", metavar="DATA", help="holding train/ and val/, or class folders"
-    )
+    p.add_argument("folders", nargs="+", metavar="DATA", help="with train/ and val/, or a split")
     folders = []
     for folder in p.parse_args(argv).folders:
         splits = [os.path.join(folder, s) for s in ("train", "val")]

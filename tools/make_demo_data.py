@@ -12,6 +12,7 @@ processes. The same --seed writes the same bytes, whatever --jobs.
 """
 
 import argparse
+import colorsys
 import functools
 import math
 import multiprocessing
@@ -27,14 +28,6 @@ from PIL import Image, ImageChops, ImageDraw
 SHAPES = ("disc", "square", "triangle", "ring", "cross", "stripes", "diamond", "dots")
 
 
-def hsv_to_rgb(h, s, v):
-    c = v * s
-    x = c * (1 - abs((h / 60.0) % 2 - 1))
-    m = v - c
-    r, g, b = [(c, x, 0), (x, c, 0), (0, c, x), (0, x, c), (x, 0, c), (c, 0, x)][int(h // 60) % 6]
-    return np.array([r + m, g + m, b + m]) * 255.0
-
-
 def shape_mask(shape, size, rng):
     """Boolean mask of one shape centred at a random place, with random scale and angle."""
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
@@ -44,16 +37,16 @@ def shape_mask(shape, size, rng):
     # rotate coordinates around the centre so squares, crosses and stripes are not axis-aligned
     u = (xx - cx) * math.cos(a) + (yy - cy) * math.sin(a)
     v = -(xx - cx) * math.sin(a) + (yy - cy) * math.cos(a)
-    d, m = np.hypot(u, v), max(r, 1.0)
+    d = np.hypot(u, v)
     masks = {
         "disc": d < r,
         "square": (abs(u) < r * 0.8) & (abs(v) < r * 0.8),
         "triangle": (v > -r * 0.6) & (v < r * 0.9 - abs(u) * 1.6),
         "ring": (d < r) & (d > r * 0.6),
         "cross": ((abs(u) < r * 0.25) | (abs(v) < r * 0.25)) & (d < r * 1.1),
-        "stripes": (np.sin(u / m * 3 * math.pi) > 0.3) & (d < r * 1.3),
+        "stripes": (np.sin(u / r * 3 * math.pi) > 0.3) & (d < r * 1.3),
         "diamond": abs(u) + abs(v) < r,
-        "dots": (np.sin(u / m * 2.5 * math.pi) * np.sin(v / m * 2.5 * math.pi) > 0.5)
+        "dots": (np.sin(u / r * 2.5 * math.pi) * np.sin(v / r * 2.5 * math.pi) > 0.5)
         & (d < r * 1.3),
     }
     return masks[shape]
@@ -64,19 +57,15 @@ def draw(index, num_classes, rng):
     size = int(rng.integers(64, 161))  # varied sizes, as real photos are
     background = rng.uniform(40, 215, size=3)
     img = background + rng.normal(0, 25, size=(size, size, 3))
-    colour = hsv_to_rgb(
-        (hue + rng.uniform(-8, 8)) % 360, rng.uniform(0.7, 1.0), rng.uniform(0.75, 1.0)
-    )
-    img[shape_mask(shape, size, rng)] = colour
+    hsv = ((hue + rng.uniform(-8, 8)) % 360 / 360, rng.uniform(0.7, 1.0), rng.uniform(0.75, 1.0))
+    img[shape_mask(shape, size, rng)] = np.array(colorsys.hsv_to_rgb(*hsv)) * 255.0
     img += rng.normal(0, 8, size=img.shape)
     return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
 
 
 def per_class(total, num_classes):
     """Split `total` images over the classes as evenly as possible (first classes get the rest)."""
-    return [
-        total // num_classes + (1 if c < total % num_classes else 0) for c in range(num_classes)
-    ]
+    return [total // num_classes + (c < total % num_classes) for c in range(num_classes)]
 
 
 def write_split(out, split, counts, num_classes, rng):
@@ -84,9 +73,8 @@ def write_split(out, split, counts, num_classes, rng):
         folder = os.path.join(out, split, f"class_{c:03d}")
         os.makedirs(folder, exist_ok=True)
         for i in range(count):
-            draw(c, num_classes, rng).save(
-                os.path.join(folder, f"{split}_{c:03d}_{i:05d}.JPEG"), quality=90
-            )
+            path = os.path.join(folder, f"{split}_{c:03d}_{i:05d}.JPEG")
+            draw(c, num_classes, rng).save(path, quality=90)
 
 
 # ---- --imagenet: ImageNet-shaped data ----
@@ -245,15 +233,10 @@ def write_imagenet(out, train, val, num_classes, seed, jobs):
         for s in range(0, len(names), CHUNK):
             tasks.append((split, split_id, s, names[s : s + CHUNK], labels[s : s + CHUNK]))
     write = functools.partial(write_photos, seed, num_classes, out)
+    print(f"writing {train + val} images to {out} with {jobs} process(es)", flush=True)
     start = time.perf_counter()
-    stats = []
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        for sizes in pool.imap_unordered(write, tasks):
-            stats += sizes
-            if sys.stdout.isatty():
-                print(f"\r{len(stats)}/{train + val} images", end="", flush=True)
-    if sys.stdout.isatty():
-        print()
+        stats = [image for chunk in pool.imap_unordered(write, tasks) for image in chunk]
     elapsed = time.perf_counter() - start
     size, width, height = np.array(stats, dtype=np.float64).T
     print(

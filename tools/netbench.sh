@@ -10,7 +10,7 @@ NET_NET=${HOSTS_NET:-10.213.9}
 NET_TIMEOUT=${NET_TIMEOUT:-900}     # seconds any one run may take: a hang shows as a failure
 NET_VAL_IMAGES=16
 ALLREDUCE_MAX=${ALLREDUCE_MAX:-16M}  # the largest all-reduce timed per link: enough to fit its bandwidth
-BACKENDS_NET="distributed apex fsdp multiprocessing horovod"
+BACKENDS_NET="distributed apex fsdp multiprocessing"
 
 hosts_sh() { HOSTS_PREFIX=$NET_PREFIX HOSTS_NET=$NET_NET bash "$ROOT/tools/hosts.sh" "$@"; }
 shape() { hosts_sh shape "${1/#unshaped/off}" >/dev/null 2>&1 || die "could not shape the hosts' links to $1"; }
@@ -27,7 +27,7 @@ parse_row() {
     R_ARGS=() R_WRAP=()
     case $R_BACKEND in
         distributed) R_SCRIPT=distributed.py ;;
-        apex | fsdp | multiprocessing | horovod) R_SCRIPT=${R_BACKEND}_distributed.py ;;
+        apex | fsdp | multiprocessing) R_SCRIPT=${R_BACKEND}_distributed.py ;;
         *) die "row '$row': '$R_BACKEND' does not run across hosts here (one of: ${BACKENDS_NET// /, })" ;;
     esac
     for tag in "${parts[@]:1}"; do
@@ -40,8 +40,7 @@ parse_row() {
             [1-9]*px) R_SIZE=${tag%px} ;;
             [1-9]*hosts)
                 R_HOSTS=${tag%hosts}
-                [[ $R_HOSTS =~ ^[0-9]+$ ]] && ((R_HOSTS >= 2 && R_HOSTS <= 16)) || die "row '$row': '$tag' wants 2 to 16 hosts"
-                [[ $R_BACKEND != horovod ]] || die "row '$row': horovod runs across --hosts N only" ;;
+                [[ $R_HOSTS =~ ^[0-9]+$ ]] && ((R_HOSTS >= 2 && R_HOSTS <= 16)) || die "row '$row': '$tag' wants 2 to 16 hosts" ;;
             onebucket)
                 [[ $R_BACKEND == distributed || $R_BACKEND == apex ]] || die "row '$row': onebucket is for torchrun's DDP rows"
                 R_WRAP=(tools/scaling_model.py one-bucket) ;;
@@ -53,8 +52,8 @@ parse_row() {
 }
 
 # The one-process run a row is compared with: the same script and tags but those of the hosts (Mhosts,
-# onebucket), except that the launchers that all run distributed.py's DDP step (mp.spawn, horovodrun,
-# and FSDP, which in one process shards nothing) share distributed.py's.
+# onebucket), except that mp.spawn's, which runs distributed.py's DDP step, and FSDP's, which in one
+# process shards nothing, are distributed.py's.
 ref_of() {
     local backend=${1%%+*} tag ref
     local -a parts
@@ -64,23 +63,6 @@ ref_of() {
         [[ $tag == onebucket || $tag == *hosts ]] || ref+=+$tag
     done
     echo "$ref"
-}
-
-# The options of R_ARGS that R_SCRIPT does not have (its --help, read once per script into the runs'
-# folder: this runs in subshells), or nothing.
-missing_options() {
-    local script=$1 word opt missing="" help=$RUNS/options-of-$1
-    shift
-    (($#)) || return 0  # no options to look for: no need to start the script
-    if [[ ! -e $help ]]; then  # its options, one a line
-        "$PYTHON" "$ROOT/$script" --help 2>&1 | grep -oE -- '--?[A-Za-z0-9][A-Za-z0-9_-]*' >"$help" || true
-    fi
-    for word in "$@"; do
-        [[ $word == -* ]] || continue
-        opt=${word%%=*}
-        grep -qxF -- "$opt" "$help" || missing+="${missing:+ }$opt"
-    done
-    echo "$missing"
 }
 
 # ---- data: a set per global batch, STEPS steps an epoch ----
@@ -112,15 +94,13 @@ kill_run() {  # everything still running of the current run: what we started, an
 NET_PORT=29400
 run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-- command-for-host-1 ...]
     # result: the file a run that worked leaves (- for DIR/metrics.jsonl)
-    local name=$1 rate=$2 ref=$3 procs=$4 threads=$5 dir=$6 result=$7 start=$SECONDS rc=0 h text last="" label
-    local cmdtext="" one status=ok  # cmdtext: the commands, '; ' between them
+    local name=$1 rate=$2 ref=$3 procs=$4 threads=$5 dir=$6 result=$7 start=$SECONDS rc=0 h=0 text last=""
+    local label="$1 @ $2" cmdtext="" one status=ok  # cmdtext: the commands, '; ' between them
     shift 8
     [[ $result == - ]] && result=$dir/metrics.jsonl
     local -a cmd
     mkdir -p "$dir"
     NET_TAG=$dir
-    NET_PIDS=()
-    h=0
     while (($#)); do
         cmd=()
         while (($#)) && [[ $1 != -- ]]; do cmd+=("$1"); shift; done
@@ -132,7 +112,6 @@ run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-
         NET_PIDS+=($!)
         h=$((h + 1))
     done
-    label="$name @ $rate"
     while :; do
         local alive=0 pid
         for pid in "${NET_PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
@@ -165,11 +144,6 @@ run_hosts() {  # name rate ref procs threads dir result -- command-for-host-0 [-
     record "$name" "$rate" "$ref" "$status" "$procs" "$threads" "$rc" "$wall" "$cmdtext"
 }
 
-net_skip() {  # row rate reason
-    printf '%-34s not run: %s\n' "$1 @ $2" "$3"
-    record "$1" "$2" - skipped - - - - "$3"
-}
-
 # ---- the rows' launchers across the hosts ----
 each_host() {  # hosts word...: ALL, the command for each host in turn, @H in a word its index
     local n=$1 h word
@@ -187,7 +161,7 @@ torchrun_all() {  # hosts port command...: torchrun on every host, static rendez
 }
 
 launch_row() {  # name rate dir script-args...: the row of R_* at one rate, across R_HOSTS hosts
-    local name=$1 rate=$2 dir=$3 h hostlist=""
+    local name=$1 rate=$2 dir=$3
     shift 3
     case $R_BACKEND in
         distributed | apex | fsdp)
@@ -195,54 +169,14 @@ launch_row() {  # name rate dir script-args...: the row of R_* at one rate, acro
         multiprocessing)  # the script on every host, node rank --rank, rendezvous at host 0
             each_host "$R_HOSTS" "$PYTHON" "$R_SCRIPT" --world-size "$R_HOSTS" --rank @H --nprocs 1 \
                 --dist-url "tcp://$(host 0):$((NET_PORT++))" "$@" --output-dir "$dir" ;;
-        horovod)  # horovodrun on host 0, which starts the other hosts' ranks through ssh
-            for ((h = 0; h < R_HOSTS; h++)); do hostlist+="${hostlist:+,}$(host "$h"):1"; done
-            ALL=("$HVDRUN" -np "$R_HOSTS" -H "$hostlist" --gloo -p "$SSH_PORT" -i "$SSH_DIR/client_key" --start-timeout 120
-                 "$PYTHON" "$R_SCRIPT" "$@" --output-dir "$dir") ;;
     esac
-    # horovodrun's ssh is ours, first on PATH (not in the command line: the report shows that)
-    PATH=${SSH_DIR:+$SSH_DIR/bin:}$PATH run_hosts "$name" "$rate" "$(ref_of "$name")" "$R_HOSTS" "$THREADS" "$dir" - \
-        -- "${ALL[@]}"
-}
-
-# ---- what some backends need first ----
-SSH_DIR=
-SSH_PORT=2222
-horovod_setup() {  # an sshd in each host, with a host key and a client key made here, for root
-    local h
-    command -v ssh-keygen >/dev/null && [[ -x /usr/sbin/sshd ]] || { echo "openssh-server and openssh-client (ssh-keygen, /usr/sbin/sshd) are missing"; return 1; }
-    # in the runs' folder (removed after the horovod runs), so that the report shows the key's path as
-    # typed in the checkout
-    SSH_DIR=$(cd "$RUNS" && pwd)/ssh
-    mkdir -p -m 700 "$SSH_DIR"
-    mkdir -p "$SSH_DIR/bin" /run/sshd
-    ssh-keygen -q -t ed25519 -N "" -f "$SSH_DIR/client_key" && ssh-keygen -q -t ed25519 -N "" -f "$SSH_DIR/host_key" || return 1
-    cp "$SSH_DIR/client_key.pub" "$SSH_DIR/authorized_keys"
-    # StrictModes no: the folders above the keys may be writable by others (a checkout under /tmp)
-    printf '%s\n' "Port $SSH_PORT" "HostKey $SSH_DIR/host_key" "AuthorizedKeysFile $SSH_DIR/authorized_keys" \
-        "PermitRootLogin prohibit-password" "PasswordAuthentication no" "KbdInteractiveAuthentication no" "UsePAM no" \
-        "LogLevel ERROR" "StrictModes no" >"$SSH_DIR/sshd_config"
-    # horovodrun's ssh accepts unknown host keys; this keeps them out of root's known_hosts
-    printf '#!/bin/sh\nexec %s -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "$@"\n' "$(command -v ssh)" >"$SSH_DIR/bin/ssh"
-    chmod 755 "$SSH_DIR/bin/ssh"
-    for ((h = 0; h < NHOSTS; h++)); do
-        hosts_sh exec "$(host "$h")" /usr/sbin/sshd -f "$SSH_DIR/sshd_config" -o PidFile="$SSH_DIR/sshd-$h.pid" || return 1
-    done
-}
-
-horovod_teardown() {
-    local f
-    [[ -n $SSH_DIR ]] || return 0
-    for f in "$SSH_DIR"/sshd-*.pid; do [[ -e $f ]] && kill "$(cat "$f")" 2>/dev/null || true; done
-    rm -rf -- "$SSH_DIR"
-    SSH_DIR=
+    run_hosts "$name" "$rate" "$(ref_of "$name")" "$R_HOSTS" "$THREADS" "$dir" - -- "${ALL[@]}"
 }
 
 # ---- the benchmark ----
 NET_MADE_HOSTS=0
 net_cleanup() {
     kill_run
-    horovod_teardown
     if [[ -n ${NET_UP:-} ]]; then
         hosts_sh shape off >/dev/null 2>&1 || true
         ((NET_MADE_HOSTS)) && hosts_sh down >/dev/null 2>&1 || true
@@ -257,11 +191,13 @@ net_on_signal() {
 }
 
 network_benchmark() {
-    local row rate n most=$NHOSTS fsdp=0
+    local row rate n size most=$NHOSTS fsdp=0
+    local -A sizes=()
     for row in ${ROWS//,/ }; do  # bad rows fail here, before anything starts
         parse_row "$row"
         ((R_HOSTS > most)) && most=$R_HOSTS
         [[ $R_BACKEND == fsdp ]] && fsdp=1
+        sizes[$R_SIZE]=1
     done
     ((BATCH % NHOSTS == 0)) || die "the global batch $BATCH does not split over $NHOSTS hosts (-b)"
     [[ $EUID -eq 0 ]] || die "--hosts needs root: the test hosts are network namespaces (tools/hosts.sh)"
@@ -298,13 +234,9 @@ network_benchmark() {
     T0=$SECONDS
 
     # 1. one process's compute, for the model, at each image size of the rows
-    local -A profiled=()
-    for row in ${ROWS//,/ }; do
-        parse_row "$row"
-        [[ -n ${profiled[$R_SIZE]:-} ]] && continue
-        profiled[$R_SIZE]=1
-        "$PYTHON" tools/scaling_model.py profile -a "$ARCH" --image-size "$R_SIZE" --batch "$micro" \
-            --num-classes "$classes" --threads "$THREADS" --out "$RUNS/profile-$R_SIZE.json" 2>&1 | sed "s/^/$PROG: /"
+    for size in $(printf '%s\n' "${!sizes[@]}" | sort -n); do
+        "$PYTHON" tools/scaling_model.py profile -a "$ARCH" --image-size "$size" --batch "$micro" \
+            --num-classes "$classes" --threads "$THREADS" --out "$RUNS/profile-$size.json" 2>&1 | sed "s/^/$PROG: /"
     done
 
     # 2. the link at each rate, as collectives see it: across 2 to the most hosts; FSDP's at N hosts
@@ -330,11 +262,6 @@ network_benchmark() {
         [[ -n ${ref_done[$ref]:-} ]] && continue
         ref_done[$ref]=1
         parse_row "$ref"
-        row_setup  # a reference is distributed.py's or apex's: its options only are checked
-        if [[ -n $WHY ]]; then
-            net_skip "$ref" "1 host" "$WHY"
-            continue
-        fi
         gb=$((micro * R_K))
         PROGRESS_BATCH=$gb
         # plain python: the script makes a world of one itself, and no launcher shares the host's core
@@ -343,22 +270,16 @@ network_benchmark() {
             --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" "${R_ARGS[@]}" --output-dir "$RUNS/1host/$ref"
     done
 
-    # 4. every row at every rate, row by row (a backend's set-up, sshd in the hosts, is made once)
+    # 4. every row at every rate, row by row
     for row in ${ROWS//,/ }; do
         parse_row "$row"
-        row_setup
         gb=$((micro * R_HOSTS * R_K))
         PROGRESS_BATCH=$gb
         for rate in ${LINKS//,/ }; do
-            if [[ -n $WHY ]]; then
-                net_skip "$row" "$rate" "$WHY"
-                continue
-            fi
             shape "$rate"
             launch_row "$row" "$rate" "$RUNS/$rate/$row" --data "$(net_data "$gb")" -a "$ARCH" -b "$gb" --epochs 1 \
                 -j "$WORKERS" --image-size "$R_SIZE" -p "$PRINT_FREQ" --threads "$THREADS" --dist-timeout 300 "${R_ARGS[@]}"
         done
-        [[ $R_BACKEND == horovod ]] && horovod_teardown
     done
 
     WALL=$((SECONDS - T0))
@@ -372,23 +293,4 @@ network_benchmark() {
         --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" ${LOADER_IPS:+--loader-ips "$LOADER_IPS"} \
         ${WORKERS:+--workers "$WORKERS"}
     exit "$FAILED"
-}
-
-# WHY: why the row of R_* cannot run, or nothing once its backend is set up (sshd in the hosts for
-# Horovod). Not to be called in a subshell: it sets SSH_DIR.
-row_setup() {
-    WHY=$(missing_options "$R_SCRIPT" "${R_ARGS[@]}")
-    [[ -n $WHY ]] && WHY="$R_SCRIPT has no $WHY (yet)"
-    if [[ -z $WHY && $R_BACKEND == horovod ]]; then
-        HVDRUN=$(dirname "$PYTHON")/horovodrun
-        [[ -x $HVDRUN ]] || HVDRUN=$(command -v horovodrun || true)
-        if ! "$PYTHON" -c 'import horovod.torch' >/dev/null 2>&1; then
-            WHY="horovod: not installed — PYTHON=$PYTHON bash tools/install-horovod.sh"
-        elif [[ -z $HVDRUN ]]; then
-            WHY="horovod: horovod.torch imports but horovodrun is not on PATH"
-        elif ! horovod_setup >"$RUNS/horovod-setup.log" 2>&1; then
-            WHY="horovod: could not start sshd in the hosts: $(tail -n 1 "$RUNS/horovod-setup.log")"
-            horovod_teardown
-        fi
-    fi
 }

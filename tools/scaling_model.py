@@ -7,9 +7,7 @@ process's compute and a link. docs/scaling.md describes the model and checks it 
     python tools/scaling_model.py predict --profile prof.json --allreduce ar2.json,ar4.json \\
         --nodes 2,4
     python tools/scaling_model.py predict --profile prof.json --link 1gbit --compression bf16
-    # a GPU this project has not measured: a published rate instead of a profile
-    python tools/scaling_model.py predict -a resnet50 --images-per-s 2470 --batch 256 \\
-        --gpus-per-node 8 --nodes 1,2,4,8,16 --link 25gbit,100gbit,400gbit --intra-busbw 230
+    # a GPU this project has not measured: docs/scaling.md's commands, from a published rate
 """
 
 import argparse
@@ -21,10 +19,11 @@ import statistics
 import sys
 import time
 
+from allreduce_bench import OPS, bus_factor, line
+
 PROG = os.path.basename(sys.argv[0])
 MiB = 2**20
 FIRST_BUCKET, BUCKET = 1 * MiB, 25 * MiB  # DDP's defaults: _DEFAULT_FIRST_BUCKET_BYTES, 25 MiB
-OPS = ("all_reduce", "all_gather", "reduce_scatter")
 SQUEEZE = {"bf16": 0.5, "fp16": 0.5}  # --compression: the bytes sent per fp32 byte
 
 
@@ -147,18 +146,15 @@ def measure_profile(arch, image_size, batch, num_classes, threads, steps=5, warm
         dict(bytes=p.numel() * p.element_size(), ready_s=median(r[i] for r in ready_at))
         for i, p in enumerate(params)
     ]
-    order = sorted(range(len(grads)), key=lambda i: grads[i]["ready_s"])
-    ours = [[order[j] for j in b] for b in ddp_buckets([grads[i]["bytes"] for i in order])]
-    # DDP's own buckets after its rebuild, as parameter indices (the tests hold ours to them)
-    logged = logged.get("rebuilt_per_bucket_param_indices", "")
-    theirs = [[int(i) for i in b.split()] for b in logged.split(",") if b.strip()]
+    # DDP's own buckets after its rebuild, as parameter indices (the tests hold ddp_buckets to them)
+    logged = logged["rebuilt_per_bucket_param_indices"]
     setting = dict(arch=arch, image_size=image_size, batch=batch, num_classes=num_classes)
     return make_profile(
         f"measured: {arch} at {image_size} px, batch {batch}, {threads} thread(s), DDP in a world "
         f"of one, median of {steps} steps after {warmup}",
         (median(fwd), median(bwd), median(opt_s)),
         grads,
-        theirs or ours,
+        [[int(i) for i in b.split()] for b in logged.split(",")],
         model,
         **setting,
         threads=threads,
@@ -180,16 +176,14 @@ def given_profile(arch, image_size, batch, num_classes, images_per_s):
     model.train()
     names = {m: name for name, m in model.named_modules()}
     order = []
-    hooks = [m.register_forward_pre_hook(lambda m, _: order.append(names[m])) for m in names]
-    with FlopCounterMode(display=False) as forward_only:
-        model(x)
-    for h in hooks:
-        h.remove()
-    with FlopCounterMode(display=False) as both:
-        model(x).sum().backward()
-    fwd_flops = forward_only.get_total_flops()
-    bwd_flops = both.get_total_flops() - fwd_flops
-    counts = forward_only.get_flop_counts()  # by module, its children included
+    for m in names:
+        m.register_forward_pre_hook(lambda m, _: order.append(names[m]))
+    with FlopCounterMode(display=False) as counter:
+        out = model(x)
+        fwd_flops = counter.get_total_flops()
+        counts = counter.get_flop_counts()  # of the forward, by module, its children included
+        out.sum().backward()
+    bwd_flops = counter.get_total_flops() - fwd_flops
 
     def flops(name):
         return sum(counts.get(".".join([type(model).__name__, name]).rstrip("."), {}).values())
@@ -276,12 +270,9 @@ def parse_rate(text):
 def hop_latency(points):
     """A ring step's latency from (steps, alpha) pairs: the least-squares slope (not below 0), or
     alpha / steps from one pair."""
-    xs, ys = zip(*points, strict=True)
-    if len(set(xs)) < 2:
-        return ys[0] / xs[0]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
-    return max(0.0, slope)
+    if len({x for x, _ in points}) < 2:
+        return points[0][1] / points[0][0]
+    return max(0.0, line(points)[0])
 
 
 class Link:
@@ -312,7 +303,7 @@ class Link:
 
         def latency(n):
             row = benches[n]["ops"]["all_reduce"]["rows"][0]
-            return row["time_s"] - row["bytes"] * 2 * (n - 1) / n / busbw
+            return row["time_s"] - row["bytes"] * bus_factor("all_reduce", n) / busbw
 
         hop = hop_latency([(2 * (n - 1), latency(n)) for n in sorted(benches)])
         steps = 2 * (first["world_size"] - 1)
@@ -339,8 +330,7 @@ class Link:
             busbw = self.intra_busbw
         elif per_node > 1 and self.intra_busbw:
             busbw = min(busbw, self.intra_busbw)
-        ring = (2 if op == "all_reduce" else 1) * (n - 1) / n
-        return base + 2 * (n - 1) * self.hop_s + nbytes * ring / busbw
+        return base + 2 * (n - 1) * self.hop_s + nbytes * bus_factor(op, n) / busbw
 
 
 # ---- the step ----
