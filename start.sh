@@ -48,7 +48,7 @@ GPU nodes: DATA=/path/to/imagenet GPUS=0,1,2,3 bash $PROG
   WORKERS=min(8, nproc / GPUs) per process, statistics from nvidia-smi. Without GPUS,
   every GPU that nvidia-smi -L lists is used; GPUS=none forces the CPU configuration.
 
-Across test hosts over shaped links (as root; RESULTS_DIR/benchmark-network.{csv,md,png}):
+Across test hosts over shaped links (as root; RESULTS_DIR/benchmark-network.{csv,md}):
   bash $PROG --hosts 2 --link 300mbit,1gbit
   N test hosts (tools/hosts.sh: network namespaces on this machine, HOSTS_PREFIX nb, HOSTS_NET
   10.213.9), one training process in each, every host's eth0 shaped with tc to each RATE in turn

@@ -6,15 +6,12 @@
     python tools/benchmark_report.py --network --hosts 2 --batch 16 ...   # start.sh --hosts N
 
 It reads each run's RESULTS/runs/NAME/metrics.jsonl (rank 0's epochs) and stats.csv
-(statistics.sh's samples), and shows commands as a user types them in the checkout. MFU, as
-nanoGPT counts it: images/s x the training FLOPs of an image over the peak of the hardware the
-run used; on CPU, the matmul peak that `cpu-peak` measured before the runs (docs/benchmark.md).
+(statistics.sh's samples). What each column and bar means, MFU included: docs/benchmark.md.
 """
 
 import argparse
 import csv
 import datetime
-import functools
 import glob
 import json
 import math
@@ -40,10 +37,9 @@ DDP_WHAT = "DDP {p} procs x {t} thread(s) vs one process x {c} threads, images/s
 BARS = [("apex", "distributed", None, AMP_WHAT), ("distributed", "dataparallel", 0.90, DDP_WHAT)]
 DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
 
-# Dense (no 2:4 sparsity) bf16 tensor-core TFLOP/s of one GPU, from NVIDIA's data sheets, as
-# nanoGPT uses (312 for an A100); fp32 runs are measured against it too, so their MFU is low by
-# design. (words found in a row among the nvidia-smi name's words, TFLOP/s); the first match wins.
-# NVL parts (H100 NVL, H200 NVL: lower clocks) match none: set PEAK_TFLOPS for those and others.
+# Dense (no 2:4 sparsity) bf16 tensor-core TFLOP/s of one GPU from NVIDIA's data sheets, as nanoGPT
+# uses (312 for an A100), by words found in a row in the nvidia-smi name; the first match wins. NVL
+# parts (H100 NVL, H200 NVL: lower clocks) match none: set PEAK_TFLOPS for those and others.
 GPU_PEAK_TFLOPS = [
     ("H100 PCIE", 756.0),
     ("H100", 989.0),  # the SXM figure: "H100 80GB HBM3" (nvidia-smi's SXM5) and other H100 names
@@ -101,14 +97,15 @@ def main(argv):
     write_csv(base + ".csv", COLUMNS, rows, lambda c, x: fmt(x, digits(c, 2)))
     write_md(rows, checks, info, args, base + ".md")
     write_png(rows, checks, info, args, base + ".png")
-    print_summary(rows, checks, model)
+    # start.sh printed each run's images/s as it ended; the tables are in benchmark.md
+    print(*check_lines(checks), sep="\n")
+    print(mfu_notes([r for r in rows if r["status"] == "ok"], model))
     print(f"wrote {args.results}/benchmark.csv, benchmark.md, benchmark.png")
 
 
 # ---- the model's FLOPs and the hardware's peak ----
 
 
-@functools.cache
 def train_flops_per_image(arch, image_size, num_classes=1000):
     """FLOPs of one forward and backward pass of torchvision's `arch` per image: convolutions and
     matrix products (norms, activations and the loss are under 1% of a ResNet), counted on the
@@ -327,16 +324,16 @@ def read_metrics(path):
 def read_stats(path, gpus):
     """(mean utilization %, 'CPU %' or 'GPU util %', peak RSS of the process tree or summed GPU
     memory, MiB) from statistics.sh's samples; (None, "", None) without them."""
-    if not os.path.isfile(path):
+    rows = []
+    if os.path.isfile(path):
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f, skipinitialspace=True))
+    if not rows:
         return None, "", None
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f, skipinitialspace=True))
-    if rows and "cpu_percent" in rows[0]:
+    if "cpu_percent" in rows[0]:
         cpu = [float(r["cpu_percent"]) for r in rows if r.get("cpu_percent")]
         rss = [float(r["rss_mb"]) for r in rows if r.get("rss_mb")]
         return mean(cpu), "CPU %", max(rss, default=None)
-    if not rows:
-        return None, "", None
     util_key = next((k for k in rows[0] if k.startswith("utilization.gpu")), None)
     mem_key = next((k for k in rows[0] if k.startswith("memory.used")), None)
     wanted = {g.strip() for g in gpus.split(",")} if gpus not in ("", "-") else None
@@ -534,7 +531,6 @@ COLUMNS_TEXT = (
     "What each column means, and how MFU is counted: docs/benchmark.md. images/s leaves out the "
     "first 2 (warm-up) steps; epoch time includes them. {util}: mean over the whole run."
 )
-# where to read what FSDP saves per process against DDP: the committed tools/fsdp_memory.py report
 FSDP_MEMORY = (
     "- fsdp holds 1/N of the parameters, gradients and momentum per process; what that saves "
     "against DDP: results/fsdp-memory.md (`.venv/bin/python tools/fsdp_memory.py`)"
@@ -573,54 +569,31 @@ def write_md(rows, checks, info, args, path):
     write_lines(path, lines)
 
 
-def chart(heading, machine, args, info, height):
-    """A figure 14 inches wide under the report's title: what ran, where and when."""
+def check_lines(checks):
+    """The bars' PASS/FAIL lines, on the console and under the chart."""
+    return [f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}" for c in checks]
+
+
+def write_png(rows, checks, info, args, path):
+    """images/s and epoch time per backend, side by side, under what ran, where and when; the bars'
+    verdicts and MFU under them."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
-    fig = plt.figure(figsize=(14, height), layout="constrained")
-    load = ""
-    if args.load_before:
-        load = f", load average before/after {args.load_before} / {args.load_after}"
-    title = f"{heading}: {args.title}\n{machine}, torch {info['torch']}, {info['date']}{load}"
-    fig.suptitle(f"{title}\n{args.config}", x=0.01, ha="left", fontsize=10)
-    return fig
-
-
-def save_chart(fig, notes, path):
-    """The notes under the chart (the bars' verdicts first), then the PNG."""
-    import matplotlib.pyplot as plt
-
-    notes = [line for note in notes for line in textwrap.wrap(note, 160, subsequent_indent="    ")]
-    fig.text(0, 0, "\n".join(notes), va="top", fontsize=9, family="monospace")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-
-
-def bar_axes(ax, margin):
-    """Horizontal bars read top-down, with a light grid behind them."""
-    ax.invert_yaxis()  # the first run on top
-    ax.margins(x=margin)
-    ax.grid(axis="x", color="0.9")
-    ax.set_axisbelow(True)
-
-
-def check_lines(checks):
-    """The bars' PASS/FAIL lines, on the console and under the charts."""
-    return [f"{verdict(c['ok']):<4} {c['name']} {c['bar']}: {c['text']}" for c in checks]
-
-
-def write_png(rows, checks, info, args, path):
-    """images/s and epoch time per backend, side by side; the bars' verdicts and MFU under them."""
     ok = [r for r in rows if r["status"] == "ok" and r["images_per_s"]]
     cap = info["cpu_peak"]
     cap = (
         f" {cap['capability']}, native bf16 {'yes' if cap['native_bf16'] else 'no'}" if cap else ""
     )
+    load = ""
+    if args.load_before:
+        load = f", load average before/after {args.load_before} / {args.load_after}"
     machine = f"{info['nproc']} CPUs ({info['cpu']}{cap}), GPUs: {info['gpus'][:60]}"
-    fig = chart("Benchmark", machine, args, info, 2 + 0.45 * len(ok))
+    fig = plt.figure(figsize=(14, 2 + 0.45 * len(ok)), layout="constrained")
+    title = f"Benchmark: {args.title}\n{machine}, torch {info['torch']}, {info['date']}{load}"
+    fig.suptitle(f"{title}\n{args.config}", x=0.01, ha="left", fontsize=10)
     labels = [f"{r['backend']}  ({shape(r)})" for r in ok]
     panels = (
         ("images_per_s", "images/s (higher is better)"),
@@ -631,41 +604,26 @@ def write_png(rows, checks, info, args, path):
         bars = ax.barh(labels, [r[key] or 0 for r in ok], color=[f"C{i}" for i in range(len(ok))])
         ax.bar_label(bars, fmt="%.1f", padding=3)
         ax.set_title(title, loc="left", fontweight="bold")
-        bar_axes(ax, 0.12)
+        ax.invert_yaxis()  # the first run on top
+        ax.margins(x=0.12)
+        ax.grid(axis="x", color="0.9")
+        ax.set_axisbelow(True)
         if i:
             ax.set_yticklabels([])
     notes = check_lines(checks) + [mfu_notes(ok, info["model"])]
     notes += [f"not run: {r['backend']}: {r['note']}" for r in rows if r["status"] != "ok"]
-    save_chart(fig, notes, path)
-
-
-def print_summary(rows, checks, model):
-    print(
-        f"{'backend':<20} {'procs x thr':>11} {'images/s':>9} {'TFLOP/s':>8} {'MFU %':>6} "
-        f"{'epoch s':>8} {'Acc@1':>6} {'wait %':>7} {'loader/core':>11} {'loader cores':>12}"
-    )
-    for r in rows:
-        if r["status"] != "ok":
-            print(f"{r['backend']:<20} {r['status']}: {r['note']}")
-            continue
-        print(
-            f"{r['backend']:<20} {shape(r):>11} {fmt(r['images_per_s']):>9} "
-            f"{fmt_tflops(r['train_tflops']):>8} {fmt(r['mfu_pct'], 2):>6} "
-            f"{fmt(r['epoch_time_s']):>8} {fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7} "
-            f"{fmt(r['loader_images_per_core_s'], 0):>11} {fmt(r['loader_cores_needed'], 2):>12}"
-        )
-    print(*check_lines(checks), sep="\n")
-    print(mfu_notes([r for r in rows if r["status"] == "ok"], model))
+    notes = [line for note in notes for line in textwrap.wrap(note, 160, subsequent_indent="    ")]
+    fig.text(0, 0, "\n".join(notes), va="top", fontsize=9, family="monospace")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
 
 
 # ---- the benchmark across test hosts: start.sh --hosts N --link RATES ----
-# Its runs are under RESULTS/runs-network: manifest.tsv (row, rate, the one-host row it is compared
-# with, status, processes, threads, exit status, wall seconds, command or reason), RATE/ROW/ and
-# 1host/ROW/metrics.jsonl, allreduce-RATE-nN.json (tools/allreduce_bench.py at N hosts) for each
-# link and profile-SIZE.json (tools/scaling_model.py profile) for each image size.
+# Its runs are under RESULTS/runs-network: manifest.tsv (NET_MANIFEST; ref: the one-host row),
+# RATE/ROW/ and 1host/ROW/metrics.jsonl, allreduce-RATE-nN.json (tools/allreduce_bench.py at N
+# hosts) for each link and profile-SIZE.json (tools/scaling_model.py profile) for each image size.
 
 NET_MANIFEST = "row rate ref status processes threads_per_process rc wall_s command".split()
-ONE_HOST = "1 host"
 # (check, row, its minimum images/s ratio over fp32 DDP's at the slowest rate, what the row adds)
 NET_GAINS = [
     ("compression", "distributed+bf16", 1.6, "bf16 gradients"),
@@ -679,15 +637,6 @@ ONE_BUCKET_MB = 2**20  # scaling_model.py one-bucket's bucket_cap_mb
 NET_COLUMNS = """row backend rate status processes threads_per_process images_per_s step_s
 one_host_images_per_s one_host_step_s efficiency exposed_s predicted_images_per_s model_error_pct
 comm_s comm_per_backward baseline_step_s hidden_pct predicted_hidden_pct wall_s note""".split()
-LAUNCHERS = {
-    "distributed": "torchrun distributed.py",
-    "apex": "torchrun apex_distributed.py",
-    "fsdp": "torchrun fsdp_distributed.py",
-    "multiprocessing": "multiprocessing_distributed.py (mp.spawn)",
-    "horovod": "horovodrun over ssh",
-    "slurm": "srun -N N",
-}
-LABEL = dict(xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)  # right of a bar
 
 
 def network_report(args):
@@ -703,20 +652,8 @@ def network_report(args):
     everything = [*net["refs"].values(), *net["runs"]]
     write_csv(base + ".csv", NET_COLUMNS, everything, lambda column, x: f"{x:.4g}")
     write_network_md(net, checks, info, args, base + ".md")
-    write_network_png(net, checks, info, args, base + ".png")
-    print(f"{'row':<28} {'1 host':>8} " + " ".join(f"{r:>16}" for r in net["rates"]))
-    for row, ref in net["rows"].items():
-        cells = [fmt(ref and ref.get("images_per_s"), 2) or "-"]
-        for rate in net["rates"]:  # images/s (the model's), else why not
-            r = net["at"].get((row, rate)) or {}
-            text = f"{r['images_per_s']:.2f}" if r.get("images_per_s") else r.get("status", "-")
-            if r.get("images_per_s") and r.get("predicted_images_per_s"):
-                text += f" ({r['predicted_images_per_s']:.2f})"
-            cells.append(text)
-        print(f"{row:<28} {cells[0]:>8} " + " ".join(f"{c:>16}" for c in cells[1:]))
-    print("images/s (model's prediction)")
     print(*check_lines(checks), sep="\n")
-    print(f"wrote {base}.csv, .md, .png")
+    print(f"wrote {base}.csv, .md")
 
 
 def row_parts(row, hosts=2, size=None):
@@ -746,7 +683,7 @@ def summarise_network(args, cores):
     for path in glob.glob(os.path.join(runs_dir, "profile-*.json")):
         profile = json.load(open(path))
         profiles[profile["image_size"]] = dict(profile, path=path)
-    rates = {m["rate"] for m in manifest if m["rate"] != ONE_HOST}  # slowest first, unshaped last
+    rates = {m["rate"] for m in manifest if m["rate"] != "1 host"}  # slowest first, unshaped last
     rates = sorted(rates, key=lambda x: math.inf if x == "unshaped" else parse_rate(x))
     links = {}  # per rate: the collectives' benchmarks by host count, and the model's link
     for rate in rates:
@@ -760,7 +697,7 @@ def summarise_network(args, cores):
         if m["row"] == "allreduce":
             continue
         r = dict(m, **row_parts(m["row"], args.hosts, args.image_size))
-        one = m["rate"] == ONE_HOST
+        one = m["rate"] == "1 host"
         d = os.path.join(runs_dir, "1host" if one else m["rate"], m["row"])
         metrics = read_metrics(os.path.join(d, "metrics.jsonl"))
         ips = metrics[-1].get("train_images_per_s") if metrics else None
@@ -803,7 +740,7 @@ def summarise_network(args, cores):
     rows = {}
     for r in runs:
         rows.setdefault(r["row"], refs.get(r["ref"]))
-    return dict(rates=rates, links=links, refs=refs, runs=runs, at=at, rows=rows, profiles=profiles)
+    return dict(rates=rates, links=links, refs=refs, runs=runs, at=at, rows=rows)
 
 
 def hidden(step, baseline, alone):
@@ -848,8 +785,7 @@ def predict(r, ref, profiles, links, cores, loader_ips):
 def network_checks(net):
     """Each question the run is for: a measured figure, its bar, and what it reads if absent."""
     by = {key: r for key, r in net["at"].items() if r["status"] == "ok"}
-    rates = [x for x in net["rates"] if x != "unshaped"] or net["rates"]
-    slow = rates[0] if rates else None
+    slow = net["rates"][0] if net["rates"] else None  # the slowest: unshaped sorts last
     checks = []
 
     def check(name, what, bar, absent, ok, text):
@@ -929,12 +865,6 @@ def sent_per_byte(rows):
     return rows[-1]["sent_bytes"] / rows[-1]["bytes"]
 
 
-# what the network report's tables and bars mean is said once, in the docs
-NET_DOCS = (
-    "What each table and bar means: docs/benchmark.md, 'Across test hosts over shaped links'."
-)
-
-
 def write_network_md(net, checks, info, args, path):
     rates = net["rates"]
 
@@ -948,39 +878,29 @@ def write_network_md(net, checks, info, args, path):
             return cell(r, "exposed_s", 2)
         return f"{r['exposed_s']:.2f}" + (f" of {r['comm_s']:.2f}" if r.get("comm_s") else "")
 
-    def by_rate(heading, head, rule, one_host, value):
-        """A table: per row, its one-host column(s), then its value at each link."""
-        lines = [
-            "",
-            f"## {heading}",
-            "",
-            md_row(["row", *head, *rates]),
-            rule + "--:|" * len(rates),
-        ]
+    def by_rate(heading, value, one_host=None):
+        """A table: per row, its one-host run's (column, key, digits) if given, then its value at
+        each link."""
+        head = [one_host[0]] if one_host else []
+        rule = "|---|" + "--:|" * (len(head) + len(rates))
+        lines = ["", f"## {heading}", "", md_row(["row", *head, *rates]), rule]
         for row, ref in net["rows"].items():
+            first = [cell(ref, *one_host[1:])] if one_host else []
             at_rates = [value(net["at"].get((row, rate))) for rate in rates]
-            lines.append(md_row([row, *one_host(row, ref), *at_rates]))
+            lines.append(md_row([row, *first, *at_rates]))
         return lines
 
-    lines = head_lines("Network benchmark", args, info, "not used") + [NET_DOCS, ""]
+    lines = head_lines("Network benchmark", args, info, "not used")
+    # what the tables and bars mean is said once, in the docs
+    lines += [
+        "What each table and bar means: docs/benchmark.md, 'Across test hosts over shaped links'.",
+        "",
+    ]
     lines += ["## The links, as collectives see them", "", *network_link_lines(net)]
-    lines += by_rate(
-        "Images/s",
-        ["launcher", "1 host"],
-        "|---|---|--:|",
-        lambda row, ref: [LAUNCHERS.get(row.split("+")[0], ""), cell(ref, "images_per_s", 2)],
-        lambda r: cell(r, "images_per_s", 2),
-    )
-    lines += by_rate(
-        "Scaling efficiency", [], "|---|", lambda row, ref: [], lambda r: cell(r, "efficiency", 2)
-    )
-    lines += by_rate(
-        "Communication not hidden behind the backward pass",
-        ["1 host step (s)"],
-        "|---|--:|",
-        lambda row, ref: [cell(ref, "step_s", 3)],
-        exposed,
-    )
+    one_host_ips, one_host_step = ("1 host", "images_per_s", 2), ("1 host step (s)", "step_s", 3)
+    lines += by_rate("Images/s", lambda r: cell(r, "images_per_s", 2), one_host_ips)
+    lines += by_rate("Scaling efficiency", lambda r: cell(r, "efficiency", 2))
+    lines += by_rate("Communication not hidden behind the backward pass", exposed, one_host_step)
     lines += ["", *network_model_lines(net), "", "## Bars", ""]
     lines += ["| check | what | bar | if absent | measured | result |", "|---|---|---|---|---|---|"]
     lines += [check_row(c, [c["absent"]]) for c in checks]
@@ -992,12 +912,6 @@ def write_network_md(net, checks, info, args, path):
     lines += ["", "## Commands", ""]
     ran = [r for r in everything if r["status"] != "skipped"]
     lines += [f"- {r['row']} @ {r['rate']}: `{r['command']}`" for r in ran]
-    for p in net["profiles"].values():
-        lines.append(
-            f"- profile: `python tools/scaling_model.py profile -a {p['arch']} --image-size "
-            f"{p['image_size']} --batch {p['batch']} --num-classes {p['num_classes']} --threads "
-            f"{p['threads']} --out {as_typed(p['path'])}`"
-        )
     predicted = [r for r in net["runs"] if r.get("predict_command")]
     lines += [
         f"- prediction, {r['row']} @ {r['rate']}: `{r['predict_command']}`" for r in predicted
@@ -1014,16 +928,9 @@ def network_model_lines(net):
             "No prediction: no modeled row ran, or the profile or the link measurement is missing."
         ]
     ks = [r["calibration"] for r in modeled]
-    profiles = "; ".join(
-        f"{p['source']}: forward {p['forward_s'] * 1e3:.0f} ms, backward "
-        f"{p['backward_s'] * 1e3:.0f} ms, optimizer {p['optimizer_s'] * 1e3:.0f} ms, "
-        f"{p['param_bytes'] / 1e6:.1f} MB of gradients in DDP buckets of "
-        f"{', '.join(format(b['bytes'] / 1e6, '.1f') for b in p['buckets'])} MB"
-        for p in net["profiles"].values()
-    )
     lines += [
-        f"Profiles ({profiles}), their times scaled to each row's one-host step by {min(ks):.2f} "
-        f"to {max(ks):.2f}.",
+        f"The profiles' times scaled to each row's one-host step by {min(ks):.2f} to "
+        f"{max(ks):.2f}: each prediction's command, below, prints the times it used.",
         "",
         "| row | link | hosts | measured images/s | predicted | error | comm / compute | "
         "comm / backward |",
@@ -1051,43 +958,6 @@ def network_model_lines(net):
     if not pairs:
         lines.append("| no row ran beside its one-bucket twin | | | | | | | |")
     return lines
-
-
-def write_network_png(net, checks, info, args, path):
-    """images/s per row, a bar per link, the ideal in grey, the model as a black tick."""
-    rates, rows = net["rates"], list(net["rows"])
-    machine = f"{info['nproc']} CPUs ({info['cpu']})"
-    fig = chart("Network benchmark", machine, args, info, 2 + 0.25 * len(rows) * (len(rates) + 1.5))
-    ax = fig.add_subplot()
-    key = "grey: the one-host run x hosts, the ideal; black tick: the model"
-    ax.set_title(f"images/s per row and link ({key})", loc="left", fontweight="bold")
-    h = 1 / (len(rates) + 2)  # a group per row: the ideal, then a bar per link
-
-    def label(x, y, text, colour="black"):
-        ax.annotate(text, (x, y), color=colour, **LABEL)
-
-    for i, row in enumerate(rows):
-        first = next(r for r in net["runs"] if r["row"] == row)
-        if first.get("one_host_images_per_s"):  # the ideal: the row's hosts x its one-host run
-            ideal = first["hosts"] * first["one_host_images_per_s"]
-            ax.barh(i, ideal, h, color="0.85")
-            label(ideal, i, f"{first['hosts']} x 1 host {ideal:.1f}", "0.5")
-        for j, rate in enumerate(rates):
-            r, y = net["at"].get((row, rate)), i + (j + 1) * h
-            if not r or not r.get("images_per_s"):
-                why = "not run" if r and r["status"] == "skipped" else "failed" if r else "-"
-                label(0, y, f"{rate}: {why}", "0.6")
-                continue
-            ax.barh(y, r["images_per_s"], h, color=f"C{j}")
-            text, end = f"{rate} {r['images_per_s']:.1f}", r["images_per_s"]
-            if r.get("predicted_images_per_s"):
-                predicted = r["predicted_images_per_s"]
-                ax.plot([predicted] * 2, [y - h / 2, y + h / 2], color="black", linewidth=2.5)
-                text, end = f"{text} (model {predicted:.1f})", max(end, predicted)
-            label(end, y, text)
-    ax.set_yticks([i + h * len(rates) / 2 for i in range(len(rows))], rows)
-    bar_axes(ax, 0.25)
-    save_chart(fig, check_lines(checks), path)
 
 
 if __name__ == "__main__":
