@@ -97,10 +97,28 @@ def main(argv):
     write_csv(base + ".csv", COLUMNS, rows, lambda c, x: fmt(x, digits(c, 2)))
     write_md(rows, checks, info, args, base + ".md")
     write_png(rows, checks, info, args, base + ".png")
-    # start.sh printed each run's images/s as it ended; the tables are in benchmark.md
+    print_summary(rows, checks, model)
+    print(f"wrote {args.results}/benchmark.csv, benchmark.md, benchmark.png")
+
+
+def print_summary(rows, checks, model):
+    """The console's table: the columns a reader compares first (benchmark.md has them all)."""
+    print(
+        f"{'backend':<20} {'procs x thr':>11} {'images/s':>9} {'TFLOP/s':>8} {'MFU %':>6} "
+        f"{'epoch s':>8} {'Acc@1':>6} {'wait %':>7} {'loader/core':>11} {'loader cores':>12}"
+    )
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"{r['backend']:<20} {r['status']}: {r['note']}")
+            continue
+        print(
+            f"{r['backend']:<20} {shape(r):>11} {fmt(r['images_per_s']):>9} "
+            f"{fmt_tflops(r['train_tflops']):>8} {fmt(r['mfu_pct'], 2):>6} "
+            f"{fmt(r['epoch_time_s']):>8} {fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7} "
+            f"{fmt(r['loader_images_per_core_s'], 0):>11} {fmt(r['loader_cores_needed'], 2):>12}"
+        )
     print(*check_lines(checks), sep="\n")
     print(mfu_notes([r for r in rows if r["status"] == "ok"], model))
-    print(f"wrote {args.results}/benchmark.csv, benchmark.md, benchmark.png")
 
 
 # ---- the model's FLOPs and the hardware's peak ----
@@ -652,6 +670,17 @@ def network_report(args):
     everything = [*net["refs"].values(), *net["runs"]]
     write_csv(base + ".csv", NET_COLUMNS, everything, lambda column, x: f"{x:.4g}")
     write_network_md(net, checks, info, args, base + ".md")
+    print(f"{'row':<28} {'1 host':>8} " + " ".join(f"{r:>16}" for r in net["rates"]))
+    for row, ref in net["rows"].items():
+        cells = [fmt(ref and ref.get("images_per_s"), 2) or "-"]
+        for rate in net["rates"]:  # images/s (the model's), else why not
+            r = net["at"].get((row, rate)) or {}
+            text = f"{r['images_per_s']:.2f}" if r.get("images_per_s") else r.get("status", "-")
+            if r.get("images_per_s") and r.get("predicted_images_per_s"):
+                text += f" ({r['predicted_images_per_s']:.2f})"
+            cells.append(text)
+        print(f"{row:<28} {cells[0]:>8} " + " ".join(f"{c:>16}" for c in cells[1:]))
+    print("images/s (model's prediction)")
     print(*check_lines(checks), sep="\n")
     print(f"wrote {base}.csv, .md")
 
