@@ -260,6 +260,9 @@ def main():
 
 def init_distributed(args, local_rank, rank, world_size):
     device = setup_device(args, local_rank)
+    if device.type == "cuda" and args.dist_backend == "gloo" and world_size > 1:
+        report_once(rank)  # else a SIGSEGV at the first checkpoint: pytorch/pytorch#152645
+        raise UserError("--dist-backend gloo cannot gather FSDP's CUDA shards; use nccl on GPUs")
     dist.init_process_group(
         args.dist_backend,
         rank=rank,

@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -258,6 +259,23 @@ def test_unknown_arch(tiny_data):
 
 def test_nccl_without_cuda(tiny_data):
     fails(single("--data", tiny_data, "--dist-backend", "nccl"), "nccl needs CUDA")
+
+
+def test_fsdp_refuses_gloo_on_gpus_before_any_process_group(monkeypatch):
+    """Two FSDP processes over gloo on GPUs trained an epoch, then both died of SIGSEGV in gloo's
+    all-gather of the CUDA shards for the checkpoint (an H200, torch 2.11). CUDA is mocked here;
+    tests/test_gpu_math.py runs it on a GPU."""
+    import fsdp_distributed as fsdp
+
+    monkeypatch.setattr(fsdp, "setup_device", lambda args, local_rank: torch.device("cuda", 0))
+    made = []
+    monkeypatch.setattr(fsdp.dist, "init_process_group", lambda *a, **kw: made.append(a))
+    args = types.SimpleNamespace(dist_backend="gloo", dist_timeout=60)
+    with pytest.raises(fsdp.UserError, match="gloo cannot gather FSDP's CUDA shards; use nccl"):
+        fsdp.init_distributed(args, 0, 0, 2)
+    assert made == []
+    fsdp.init_distributed(args, 0, 0, 1)  # one process gathers nothing
+    assert made == [("gloo",)]
 
 
 @pytest.mark.parametrize(
