@@ -58,6 +58,7 @@ import time
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SITE = os.path.join(ROOT, "tests", "site")  # env(): sitecustomize.py
 PY = sys.executable
 BIN = os.path.dirname(PY)
 HOROVODRUN = os.path.join(BIN, "horovodrun")
@@ -158,15 +159,19 @@ def free_port():
     raise AssertionError(f"no free port in {low}..{high - 1}")
 
 
-def env(**extra):
+def env(plain=False, **extra):
     """The environment of a process a test starts: one thread per process, unbuffered output, and
     an empty Inductor cache of its own (--compile). Inductor's default cache,
     /tmp/torchinductor_$USER, is shared by every run of the user: kernels compiled under
     ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 crashed a later run without them (SIGBUS), so
-    no run reads another's kernels, and the compiled tests' time is that of a first compile."""
+    no run reads another's kernels, and the compiled tests' time is that of a first compile.
+    Unless plain, tests/site on PYTHONPATH: Python's garbage collection made cheap at start and exit
+    (tests/site/sitecustomize.py)."""
     cache = tempfile.mkdtemp(prefix="inductor-", dir=shared_runs.get("folder"))
     e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=cache)
     e.update(extra)
+    if not plain:
+        e["PYTHONPATH"] = os.pathsep.join([SITE, *filter(None, [e.get("PYTHONPATH")])])
     return e
 
 

@@ -78,9 +78,10 @@ class Result:
         return self
 
 
-def slurm_run(cmd, timeout=JOB_TIMEOUT, names=None):
+def slurm_run(cmd, timeout=JOB_TIMEOUT, names=None, plain=False):
     """Runs an srun or sbatch command line, inserting a unique --job-name; on a timeout the job is
-    cancelled (killing srun alone could leave its tasks running) and the result says so."""
+    cancelled (killing srun alone could leave its tasks running) and the result says so. plain:
+    helpers.env(plain=True)."""
     name = f"test_slurm-{uuid.uuid4().hex[:12]}"
     if names is not None:
         names.append(name)
@@ -93,7 +94,7 @@ def slurm_run(cmd, timeout=JOB_TIMEOUT, names=None):
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        env=env(PYTHON=PY),
+        env=env(plain, PYTHON=PY),
         start_new_session=True,
     )
     try:

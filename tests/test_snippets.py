@@ -90,15 +90,16 @@ def launch(snippet, folder, code=None):
     """Writes the program into `folder` and runs its launch line there; returns its stdout."""
     (folder / snippet.file).write_text(snippet.code if code is None else code)
     argv = [LAUNCHERS.get(word, word) for word in shlex.split(snippet.line)]
+    # plain: the programs exit exactly as a user's do (helpers.env)
     if argv[0] == "srun":  # its tasks start in the folder; a job that hangs is cancelled
         require_slurm()
-        return slurm_run([argv[0], f"--chdir={folder}", *argv[1:]]).check().stdout
+        return slurm_run([argv[0], f"--chdir={folder}", *argv[1:]], plain=True).check().stdout
     if argv[0] == LAUNCHERS["horovodrun"]:
         require_horovod()
     # the mp.spawn program meets at MASTER_PORT when set, else at 29500, which another test or
     # session may hold: conftest's free_port() hands out ports no other test holds
     extra = {"MASTER_PORT": str(free_port())} if argv[0] == PY else {}
-    return run(argv, cwd=folder, env=env(**extra), timeout=300).stdout
+    return run(argv, cwd=folder, env=env(plain=True, **extra), timeout=300).stdout
 
 
 def failures(stdout, folder, processes):
