@@ -191,7 +191,9 @@ def measure(op, args, world, device, show):
         sent, t0 = sent_bytes(), time.perf_counter()
         for _ in range(count):
             run(x, out)
-        both = torch.tensor([time.perf_counter() - t0, 0.0], dtype=torch.float64, device=device)
+        seconds = time.perf_counter() - t0
+        dist.barrier()  # everyone has all it needed: what this process sent has left its link
+        both = torch.tensor([seconds, 0.0], dtype=torch.float64, device=device)
         both[1] = (sent_bytes() - sent) / world
         dist.all_reduce(both[1:])  # the mean over the processes
         dist.all_reduce(both[:1], op=dist.ReduceOp.MAX)
