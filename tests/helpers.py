@@ -36,6 +36,9 @@ correct, and fast, in parallel:
   them with ALLOW_MISSING_BACKENDS=1, which CI=true ignores: in CI every backend's tests run.
 - Compiled runs. env() gives every process a test starts an Inductor cache of its own: a kernel
   compiled under one CPU setting crashes a run under another.
+- Garbage collection. env() also puts tests/site on PYTHONPATH: its sitecustomize.py spares each
+  process the collector's passes over what importing torch leaves (a third of a short run's CPU);
+  env(plain=True) leaves it out, for a process whose exit must be exactly a user's.
 - Slow tests: list them in conftest.SLOW_FIRST, so that they start first instead of ending the run
   alone.
 """
