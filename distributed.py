@@ -368,6 +368,9 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         train_set, val_set, args, rank, world_size, device
     )
     if len(train_loader) == 0 and not args.evaluate:
+        # every process finds it; one collective first, so that none leaves while another is still
+        # connecting to it (whose start-up would then fail, a second error line)
+        all_reduce_sum(torch.zeros(1, device=device))
         report_once(rank)
         raise UserError(
             f"the {len(train_set)} training images make no full batch of {args.batch_size}: "
