@@ -382,15 +382,16 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for it
         torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = not args.deterministic
-    train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
+    try:
+        train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
+    except UserError:  # a folder without images: every process finds it
+        stop_together(rank, device)
+        raise
     train_loader, train_sampler, val_loader = build_loaders(
         train_set, val_set, args, rank, world_size, device
     )
     if len(train_loader) == 0 and not args.evaluate:
-        # every process finds it; one collective first, so that none leaves while another is still
-        # connecting to it (whose start-up would then fail, a second error line)
-        all_reduce_sum(torch.zeros(1, device=device))
-        report_once(rank)
+        stop_together(rank, device)
         raise UserError(
             f"the {len(train_set)} training images make no full batch of {args.batch_size}: "
             "lower --batch-size"
@@ -1044,6 +1045,14 @@ def report_once(rank):
     if rank != 0:
         time.sleep(2)
         sys.exit(2)
+
+
+def stop_together(rank, device):
+    """Bad input that every process finds once the process group exists: one collective first, so
+    that none leaves while another is still connecting to it (whose start-up would then fail, a
+    second error line), then report_once."""
+    all_reduce_sum(torch.zeros(1, device=device))
+    report_once(rank)
 
 
 def check_args(args, world_size):
