@@ -12,6 +12,11 @@ and why), with channels_last, and a side CUDA stream prefetches the next batch. 
 precision itself is the shared loop's, as in every script: choose_precision() picks it,
 forward() runs torch.autocast, train() steps through a GradScaler (fp16 only), build_optimizer()
 fuses SGD.
+
+Read it top-down: the backend (main, the process group, the wrapper), the loop that every script
+shares (the epochs, the step, exact evaluation, rank-0 checkpoints), the data, then one appendix
+with the options and all hardening. The blocks between "shared" markers are the same, line for
+line, in every script here: `diff distributed.py <script>.py` shows what a backend changes.
 """
 
 import argparse
@@ -58,199 +63,18 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader
 SCRIPT = os.path.basename(__file__)
 
 
-# ---- shared: options (copied from distributed.py; dev/sync_shared.py keeps copies equal) ----
-class UserError(Exception):
-    """Bad input: reported as one line and a non-zero exit, never a traceback."""
-
-
-DEMO_MARK = "DEMO_DATA.txt"  # marks a folder of demo data (tools/make_demo_data.py writes it)
-DEMO_DEFAULTS = dict(batch_size=32, epochs=3, workers=2)  # a few minutes on a laptop
-
-
-def build_parser():
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        epilog="Defaults: pytorch/examples' ImageNet recipe, except on demo data (a folder with "
-        f"{DEMO_MARK}) and --dummy: {DEMO_DEFAULTS}",
-    )
-    p.add_argument("data_arg", nargs="?", metavar="DATA", help="data folder (pytorch/examples')")
-    p.add_argument(
-        "--data", metavar="DIR", help="train/ and val/ image folders (default: data/demo)"
-    )
-    p.add_argument("-a", "--arch", default="resnet18", help="a torchvision classification model")
-    p.add_argument(
-        "-j",
-        "--workers",
-        type=int,
-        help="loader processes per process (default: min(8, cores each))",
-    )
-    p.add_argument(
-        "--loader-start-method",
-        choices=["fork", "spawn", "forkserver"],
-        help="spawn if fork breaks (MPI)",
-    )
-    p.add_argument("--epochs", type=int, help="default: 90 (3 on the demo data)")
-    p.add_argument(
-        "--start-epoch", type=int, default=0, help="epoch to start at (--resume reads it)"
-    )
-    p.add_argument(
-        "-b",
-        "--batch-size",
-        type=int,
-        help="global batch, split evenly across processes (default: 256)",
-    )
-    p.add_argument(
-        "--lr", "--learning-rate", type=float, dest="lr", help="default: 0.1 x global batch / 256"
-    )
-    p.add_argument(
-        "--lr-step", type=int, default=30, help="divide the learning rate by 10 every N epochs"
-    )
-    p.add_argument(
-        "--warmup-epochs",
-        type=float,
-        help="lr up from near 0, linearly (default: doublings of -b / 256)",
-    )
-    p.add_argument(
-        "--gradient-accumulation-steps",
-        "--accum-steps",
-        type=int,
-        default=1,
-        dest="accum_steps",
-        metavar="K",
-        help="K micro-batches a step, one exchange of gradients: -b = processes x K x micro",
-    )
-    p.add_argument(
-        "--grad-compression",
-        choices=["none", "fp16", "bf16"],
-        default="none",
-        help="send gradients between processes in 16 bits (averaged back into fp32 weights)",
-    )
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--wd", "--weight-decay", type=float, default=1e-4, dest="weight_decay")
-    p.add_argument(
-        "-p", "--print-freq", type=int, default=10, help="print every N steps (the only host syncs)"
-    )
-    p.add_argument("--resume", metavar="PATH", default="", help="checkpoint to continue from")
-    p.add_argument(
-        "--auto-resume",
-        action="store_true",
-        help="from OUTPUT_DIR/checkpoint.pth.tar if any (on SIGUSR1 all processes stop at one step "
-        "and save it)",
-    )
-    p.add_argument("-e", "--evaluate", action="store_true", help="only evaluate on val/")
-    p.add_argument(
-        "--pretrained",
-        action="store_true",
-        help="start from torchvision's weights (downloads them)",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="seeds the shuffling, the augmentations and the initial weights",
-    )
-    p.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="deterministic kernels where PyTorch has them (slower)",
-    )
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument(
-        "--no-augment",
-        dest="augment",
-        action="store_false",
-        help="train on centre crops, unflipped",
-    )
-    p.add_argument(
-        "--dummy", action="store_true", help="synthetic data in memory instead of --data"
-    )
-    p.add_argument("--output-dir", help="checkpoints and metrics.jsonl (default: output/<script>)")
-    p.add_argument(
-        "--norm", choices=["batch", "group"], default="batch", help="group: GroupNorm for BatchNorm"
-    )
-    p.add_argument(
-        "--sync-bn",
-        action="store_true",
-        help="SyncBatchNorm: batch statistics over all processes (CUDA)",
-    )
-    p.add_argument(
-        "--amp",
-        choices=["off", "auto", "bf16", "fp16"],
-        default="off",
-        help="mixed precision (auto: what the hardware runs natively: bf16 from Ampere on and on "
-        "AVX512_BF16/AMX CPUs, else fp16 on GPUs)",
-    )
-    p.add_argument(
-        "--channels-last", action=argparse.BooleanOptionalAction, help="NHWC (default: with --amp)"
-    )
-    p.add_argument(
-        "--fp64",
-        action="store_true",
-        help="float64 (slow): N processes match one to ~1e-12, whatever the kernels' summation "
-        "order, which checks the parallel math",
-    )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the model (its compile time logged apart)",
-    )
-    p.add_argument(
-        "--threads", type=int, default=0, help="intra-op threads per process (default: PyTorch's)"
-    )
-    p.add_argument("--dist-backend", help="nccl with CUDA, else gloo")
-    p.add_argument(
-        "--dist-timeout", type=float, default=1800, help="seconds before a stuck collective fails"
-    )
-    return p
-
-
-def resolve_defaults(args, world_size):
-    """pytorch/examples' ImageNet recipe, except on the demo data. Loader workers: min(8, cores this
-    process may use / processes on its node); the launchers say how many a node runs, else one per
-    GPU is assumed."""
-    if args.data_arg is not None and args.data not in (None, args.data_arg):
-        raise UserError(f"two data folders: {args.data_arg} and --data {args.data}")
-    args.data = args.data_arg or args.data or "data/demo"
-    args.demo = (
-        args.dummy
-        or os.path.normpath(args.data) == "data/demo"
-        or os.path.isfile(os.path.join(args.data, DEMO_MARK))
-    )
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    local_sizes = ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
-    local = next((int(os.environ[v]) for v in local_sizes if os.environ.get(v, "").isdigit()), None)
-    local = local or min(world_size, torch.cuda.device_count() or world_size)
-    recipe = dict(batch_size=256, epochs=90, workers=min(8, (cores or 1) // local) or 1)
-    for name, value in (DEMO_DEFAULTS if args.demo else recipe).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    args.lr = 0.1 * args.batch_size / 256 if args.lr is None else args.lr
-    # Goyal et al. 2017 warmed up 5 epochs at 8k: an epoch a doubling up to there
-    if args.warmup_epochs is None:
-        doublings = math.ceil(math.log2(max(args.batch_size, 1) / 256))
-        args.warmup_epochs = float(min(5, max(0, doublings)))
-
-
-# ---- end shared: options ----
-
-
 # ---- backend: DistributedDataParallel + mixed precision, processes started by torchrun ----
 # What every backend defines (the shared loop calls nothing else of it):
-#   add_backend_args(parser); main(): starts the processes, each in main_worker()
-#   init_distributed(args, local_rank, rank, world_size) -> the device this process trains on
+#   main(): starts the processes, each in main_worker(local_rank, rank, world_size, args)
+#   init_distributed(args, rank, world_size, device): starts the process group, once the device is
+#   set (set_device)
 #   distribute(model, optimizer, args, device) -> the model and optimizer to train with
 #   no_sync(model) -> a context in which backward() accumulates gradients, sending none
 #   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
 #   sync_batchnorm(model) -> the model, its BatchNorm over all processes (--sync-bn)
 #   all_reduce_sum(tensor) -> the tensor, summed over the processes in place
 #   prefetch(batches, device) -> the batches; shutdown(): leaves the process group
-def add_backend_args(p):
-    # the legacy launcher passes it
-    p.add_argument("--local-rank", "--local_rank", type=int, dest="local_rank")
-    # this script's point: what the hardware runs natively; --amp off for fp32
-    p.set_defaults(amp="auto")
-
-
+#   and in the appendix: add_backend_args(parser); check_backend(args, world_size, device)
 @record  # torchrun's summary then names a failed rank's exception and traceback
 def main():
     p = build_parser()
@@ -261,8 +85,7 @@ def main():
     run(main_worker, local_rank, rank, int(os.environ["WORLD_SIZE"]), args)
 
 
-def init_distributed(args, local_rank, rank, world_size):
-    device = setup_device(args, local_rank)
+def init_distributed(args, rank, world_size, device):
     dist.init_process_group(
         args.dist_backend,
         rank=rank,
@@ -270,7 +93,6 @@ def init_distributed(args, local_rank, rank, world_size):
         timeout=datetime.timedelta(seconds=args.dist_timeout),
         device_id=device if device.type == "cuda" else None,
     )
-    return device
 
 
 def distribute(model, optimizer, args, device):
@@ -322,54 +144,20 @@ def shutdown():
     dist.destroy_process_group()
 
 
-def without_torchrun(args):
-    """The fallbacks: started without a launcher, a world of one; the legacy launcher's
-    --local-rank; a warning where restarted processes may try old addresses."""
-    env = os.environ
-    if "RANK" not in env:
-        port = str(free_port())
-        env.update(
-            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port
-        )
-    if args.local_rank is not None:
-        env["LOCAL_RANK"] = str(args.local_rank)
-    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
-    if env["RANK"] == "0" and restarts and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        print(
-            f"{SCRIPT}: warning: with --max-restarts, run torchrun with "
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
 # ---- end backend ----
 
 
 # ---- shared: training (copied from distributed.py; dev/sync_shared.py keeps copies equal) ----
-######## The loop: set-up, the epochs, train, validate, checkpoints ########
-
-# SIGUSR1 (Slurm's warning before a time limit or preemption) appends to it: all stop at one step
-STOP = []
-
-
-class Stopped(Exception):
-    """All processes stopped after the same step, as SIGUSR1 asked; `samples` of the epoch done."""
-
-    def __init__(self, samples):
-        super().__init__(samples)
-        self.samples = samples
+######## The loop: one process's run, the same in every script ########
 
 
 def main_worker(local_rank, rank, world_size, args):
+    """One process: its device, its options, its process group, then training."""
+    device = set_device(local_rank)  # before the process group: NCCL and .cuda() use it, not GPU 0
     # every process checks alike, before any process group exists: bad input leaves no one waiting
-    try:
-        check_args(args, world_size)
-    except UserError:
-        report_once(rank)
-        raise
-    signal.signal(signal.SIGUSR1, lambda *_: STOP.append(1))
-    device = init_distributed(args, local_rank, rank, world_size)
+    args = resolve_options(args, world_size, device, rank)
+    process_settings(args)  # threads, deterministic kernels, the SIGUSR1 handler
+    init_distributed(args, rank, world_size, device)
     try:
         train_and_evaluate(args, device, local_rank, rank, world_size)
     finally:
@@ -377,272 +165,74 @@ def main_worker(local_rank, rank, world_size, args):
 
 
 def train_and_evaluate(args, device, local_rank, rank, world_size):
-    args.amp, args.channels_last, why = choose_precision(args, device)
-    if args.deterministic:  # kernels without a deterministic version (a few on CUDA) warn, not fail
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for it
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = not args.deterministic
-    try:
-        train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
-    except UserError:  # a folder without images: every process finds it
-        stop_together(rank, device)
-        raise
-    train_loader, train_sampler, val_loader = build_loaders(
-        train_set, val_set, args, rank, world_size, device
-    )
-    if len(train_loader) == 0 and not args.evaluate:
-        stop_together(rank, device)
-        raise UserError(
-            f"the {len(train_set)} training images make no full batch of {args.batch_size}: "
-            "lower --batch-size"
-        )
+    """The data, the model wrapped for the backend, then the epochs: train, evaluate, checkpoint."""
+    loaders = load_data(args, device, local_rank, rank, world_size)
+    train_loader, val_loader, num_classes, note = loaders
     torch.manual_seed(args.seed)  # the same initial weights in every process, as in one process
     model = create_model(args, num_classes)
     if args.sync_bn:
         model = sync_batchnorm(model)
     model.to(device, **number_format(args))
     optimizer = build_optimizer(model, args, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
-    start_epoch, best_acc1, start_sample = args.start_epoch, 0.0, 0
-    resume = os.path.join(args.output_dir, "checkpoint.pth.tar")
-    resume = resume if args.auto_resume and os.path.isfile(resume) else args.resume
-    if resume:
-        start_epoch, best_acc1, start_sample = load_checkpoint(
-            resume, model, optimizer, scaler, args, num_classes, len(train_set)
-        )
-    bare_model = model  # validation and checkpoints use the model before compiling and wrapping
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's loss scaling
+    # where this run starts: {epoch, samples (of it trained), best_acc1}
+    start = resume(args, model, optimizer, scaler, num_classes, len(train_loader.dataset), device)
+    bare_model = model  # evaluated and saved: the model before compiling and wrapping
     if args.compile:  # compile the inner model, then wrap it (PyTorch's advice for DDP)
         model = torch.compile(model)
     model, optimizer = distribute(model, optimizer, args, device)
     # DataParallel evaluates on all its GPUs; DDP's forward would sync buffers
     eval_model = model if isinstance(model, nn.DataParallel) else bare_model
-    if rank == 0:
-        print(
-            settings_line(args, optimizer, why, world_size, device, start_epoch, start_sample),
-            flush=True,
-        )
-    if note:  # after the settings: the run's first line says what it runs, and why
-        print(note, flush=True)
-    run_info = dict(  # in every row of metrics.jsonl
-        script=SCRIPT,
-        world_size=world_size,
-        amp=args.amp,
-        arch=args.arch,
-        batch_size=args.batch_size,
-        accum_steps=args.accum_steps,
-        device=device.type,
-        threads=torch.get_num_threads(),
-    )
-
-    def checkpoint(epoch, samples=0, is_best=False):  # the epoch to start at, samples of it trained
-        model_state, optimizer_state = full_state(bare_model, optimizer)
-        state = dict(
-            epoch=epoch,
-            samples=samples,
-            seed=args.seed,  # seed and images fix the epoch's order, which a resume continues
-            images=len(train_set),
-            arch=args.arch,
-            num_classes=num_classes,
-            model=model_state,
-            optimizer=optimizer_state,
-            scaler=scaler.state_dict(),
-            best_acc1=best_acc1,
-        )
-        if rank == 0:
-            save_checkpoint(state, is_best, args.output_dir)
-
+    announce(args, optimizer, world_size, device, start, note, rank)
     if args.evaluate:
         val = validate(val_loader, eval_model, args, device, rank)
-        log_metrics(args, rank, run_info | dict(epoch=start_epoch) | val)
+        log_metrics(args, world_size, device, rank, dict(epoch=start["epoch"]) | val)
         return
-    for epoch in range(start_epoch, args.epochs):
-        train_sampler.set_epoch(epoch, start_sample if epoch == start_epoch else 0)
-        # the process's own draws (dropout): a resumed run draws alike
-        seed = args.seed + rank + 100_003 * epoch
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
-        try:
-            stats = train(train_loader, model, optimizer, scaler, epoch, args, device, rank)
-        except Stopped as stop:  # saved, to go on from the next sample
-            checkpoint(epoch, stop.samples)
-            if rank == 0:
-                print(
-                    f"{SCRIPT}: stopped on SIGUSR1 after sample {stop.samples} of epoch {epoch}: "
-                    "checkpoint saved; --auto-resume continues from there",
-                    flush=True,
-                )
+    # what each checkpoint holds besides the state: seed and images fix an epoch's order
+    about = dict(seed=args.seed, images=len(train_loader.dataset), arch=args.arch)
+    about |= dict(num_classes=num_classes, best_acc1=start["best_acc1"])
+    for epoch in range(start["epoch"], args.epochs):
+        train_loader.sampler.set_epoch(epoch, start["samples"] if epoch == start["epoch"] else 0)
+        seed_process(args.seed, rank, epoch)  # dropout's draws: a resumed run draws alike
+        stats = train(train_loader, model, optimizer, scaler, epoch, args, device, rank)
+        if "stopped_at" in stats:  # SIGUSR1: saved, to go on from the next sample
+            state = about | dict(epoch=epoch, samples=stats["stopped_at"])
+            save(state, bare_model, optimizer, scaler, args, rank)
+            report_stop(epoch, stats["stopped_at"], rank)
             return
         average_buffers(bare_model, world_size)
         val = validate(val_loader, eval_model, args, device, rank)
-        is_best, best_acc1 = val["val_acc1"] > best_acc1, max(val["val_acc1"], best_acc1)
-        checkpoint(epoch + 1, 0, is_best)
-        log_metrics(args, rank, run_info | dict(epoch=epoch) | stats | val)
+        is_best = val["val_acc1"] > about["best_acc1"]
+        about["best_acc1"] = max(val["val_acc1"], about["best_acc1"])
+        state = about | dict(epoch=epoch + 1, samples=0)
+        save(state, bare_model, optimizer, scaler, args, rank, is_best)
+        log_metrics(args, world_size, device, rank, dict(epoch=epoch) | stats | val)
         if stop_asked(device):  # SIGUSR1 since the epoch's last step: the epoch is saved
             return
 
 
 def train(loader, model, optimizer, scaler, epoch, args, device, rank):
-    """One epoch, or the rest of one, in steps of --gradient-accumulation-steps K micro-batches, one
-    exchange of gradients and one optimizer step. Returns the epoch's statistics; raises Stopped
-    when a process got SIGUSR1, and UserError when the loss is no longer a finite number."""
+    """One epoch, or the rest of one, in steps of K micro-batches (--accum-steps): one exchange of
+    gradients and one optimizer step each. Returns the epoch's figures, or {"stopped_at": samples
+    of the epoch trained} when a process got SIGUSR1."""
     model.train()
-    k_steps, steps, sampler = args.accum_steps, len(loader) // args.accum_steps, loader.sampler
-    if steps == 0:  # resumed after the epoch's last full batch (e.g. with a larger -b): it is done
-        if rank == 0:
-            print(
-                f"Epoch [{epoch}]: no full batch of {args.batch_size} left after sample "
-                f"{sampler.start}: done",
-                flush=True,
-            )
-        return {}
-    # loss x n, top-1 and top-5 hits, n (as in validate), summed on the device: reading them
-    # (.item()) would make the host wait every step; added over the processes on print steps only
-    sums = torch.zeros(4, dtype=torch.float64, device=device)
-    clock = EpochClock(steps)
-    for i, (images, target) in enumerate(clock.batches(prefetch(start_workers(loader), device))):
-        step, k = divmod(i, k_steps)
+    meter = EpochMeter(loader, epoch, args, device, rank)  # sums, seconds, printed lines, SIGUSR1
+    for i, (images, target) in enumerate(meter.timed(prefetch(start_workers(loader), device))):
+        step, k = divmod(i, args.accum_steps)
+        last = k == args.accum_steps - 1  # the gradients are exchanged in a step's last backward
         if k == 0:
-            clock.step_starts(step)
-            # the samples of the epoch trained once this step is: the schedule goes by them
-            done = sampler.start + (step + 1) * args.batch_size
-            lr = set_learning_rate(optimizer, args, epoch, done / sampler.n)
-        # the gradients are exchanged once a step, in its last backward
-        with no_sync(model) if k < k_steps - 1 else contextlib.nullcontext():
+            lr = set_learning_rate(optimizer, args, epoch, meter.step_starts(step))
+        with contextlib.nullcontext() if last else no_sync(model):
             loss, top1, top5, n = forward(model, images, target, args, device)
-            scaler.scale(loss / k_steps).backward()
-        sums[:3] += torch.stack([loss.detach().double() * n, top1.double(), top5.double()])
-        sums[3] += n  # an in-place add of a Python number: no host-to-device copy, so no wait
-        if k < k_steps - 1:
-            continue
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad()  # the gradients become None: the next backward writes them, no memset
-        if step % args.print_freq == 0 or step == steps - 1:
-            # the sums over all processes, and whether one got SIGUSR1: the only wait for the device
-            *total, asked = all_reduce_sum(torch.cat([sums, sums.new_tensor([len(STOP)])])).tolist()
-            report_step(total, epoch, step, steps, lr, clock.per_step(step), rank)
-            if asked and step < steps - 1:
-                raise Stopped(done)
-    # the last step printed: `total` holds the epoch's sums
-    return epoch_stats(total, lr, clock, args, device, rank)
-
-
-def set_learning_rate(optimizer, args, epoch, done):
-    """The step schedule (/10 every --lr-step epochs), raised linearly over the first
-    --warmup-epochs: `done` is the part of this epoch's images trained once this step is, so that a
-    resumed run, whatever its -b, goes on alike."""
-    warm = min(1.0, (epoch + done) / args.warmup_epochs) if args.warmup_epochs else 1.0
-    lr = args.lr * 0.1 ** (epoch // args.lr_step) * warm
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return lr
-
-
-def report_step(total, epoch, step, steps, lr, seconds_per_step, rank):
-    """Rank 0 prints the step's line. A loss that is no longer finite ends the run here, in every
-    process alike (all hold the same sums), before a checkpoint of it could replace the last one."""
-    loss, where = total[0] / total[3], f"epoch {epoch}, step {step + 1} of {steps}"
-    if not math.isfinite(loss):
-        report_once(rank)
-        raise UserError(
-            f"the loss is {loss} in {where}, at lr {lr:.6g}: training diverged and stops here; "
-            "the last checkpoint is kept (try a lower --lr or a longer --warmup-epochs)"
-        )
-    if rank == 0:
-        print(
-            f"Epoch [{epoch}][{step + 1}/{steps}] loss {loss:.4f} acc@1 "
-            f"{100 * total[1] / total[3]:.2f} lr {lr:.6g} {seconds_per_step:.3f} s/step",
-            flush=True,
-        )
-
-
-class EpochClock:
-    """An epoch's seconds: in all, waiting for batches, and from the end of its first `untimed`
-    steps on, which images/s leaves out (allocator and cudnn warm-up, compilation)."""
-
-    def __init__(self, steps):
-        self.steps, self.untimed, self.data_s = steps, min(2, steps - 1), 0.0
-        self.start = self.warm = time.perf_counter()
-
-    def batches(self, loader):
-        """The loader's batches, the wait for each added to data_s."""
-        while True:
-            t = time.perf_counter()
-            batch = next(loader, None)
-            self.data_s += time.perf_counter() - t
-            if batch is None:
-                return
-            yield batch
-
-    def step_starts(self, step):
-        if step == self.untimed:
-            self.warm = time.perf_counter()
-
-    def per_step(self, step):
-        return (time.perf_counter() - self.start) / (step + 1)
-
-
-def epoch_stats(total, lr, clock, args, device, rank):
-    """The epoch's training figures in metrics.jsonl. With --compile, the time of the untimed steps
-    beyond that of as many ordinary steps is the compile time: printed, and left out of images/s."""
-    now = time.perf_counter()
-    elapsed, timed, warmup_s = now - clock.start, now - clock.warm, clock.warm - clock.start
-    compile_s = None
-    if args.compile:
-        step_s = timed / max(clock.steps - clock.untimed, 1)
-        compile_s = max(0.0, warmup_s - clock.untimed * step_s)
-        if rank == 0:
-            print(
-                f"compile: {compile_s:.1f} s in the first {clock.untimed} step(s), left out of "
-                "images/s",
-                flush=True,
-            )
-    if device.type == "cuda":
-        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
-    else:
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return dict(
-        train_loss=total[0] / total[3],
-        train_acc1=100 * total[1] / total[3],
-        lr=lr,
-        train_images_per_s=(total[3] - clock.untimed * args.batch_size) / timed,
-        epoch_time_s=elapsed,
-        data_wait_frac=clock.data_s / elapsed,
-        peak_memory_mb=peak_mb,
-        warmup_s=warmup_s,
-        compile_s=compile_s,
-    )
-
-
-def stop_asked(device):
-    """Whether any process got SIGUSR1: one answer, the same in all of them."""
-    return all_reduce_sum(torch.tensor([len(STOP)], device=device)).item() > 0
-
-
-def settings_line(args, optimizer, why, world_size, device, start_epoch, start_sample):
-    """The run's first line: the settings in effect, and why."""
-    amp = "fp64" if args.fp64 else "fp32" if args.amp == "off" else args.amp
-    layout = "on" if args.channels_last else "off"
-    kind = type(optimizer)
-    fused = " (fused)" if optimizer.defaults.get("fused") else ""
-    per_process = args.batch_size // world_size
-    batch = f"batch {per_process} per process"
-    if args.accum_steps > 1:
-        batch += f" in {args.accum_steps} micro-batches of {per_process // args.accum_steps}"
-    sent = "fp32" if args.grad_compression == "none" else args.grad_compression
-    recipe = "demo settings" if args.demo else "ImageNet recipe"
-    start = f"start epoch {start_epoch}"
-    if start_sample:
-        start += f" at sample {start_sample}"
-    return (
-        f"{SCRIPT}: amp: {amp} ({why}), channels_last {layout}, optimizer {kind.__module__}."
-        f"{kind.__name__}{fused}; {world_size} process(es), backend {args.dist_backend}, device "
-        f"{device.type}, {args.arch}, {torch.get_num_threads()} thread(s); {batch}, gradients sent "
-        f"in {sent}, {args.epochs} epochs, lr {args.lr:g} (warmup {args.warmup_epochs:g} epochs, "
-        f"/10 every {args.lr_step}), weight decay {args.weight_decay:g}, {args.workers} loader "
-        f"workers per process ({recipe}); {start}"
-    )
+            scaler.scale(loss / args.accum_steps).backward()
+        meter.add(loss, top1, top5, n)
+        if last:
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()  # the gradients become None: the next backward writes them
+            if meter.step_ends(step, lr):  # a process got SIGUSR1: all stop after this step
+                break
+    return meter.figures()
 
 
 @torch.no_grad()
@@ -669,6 +259,30 @@ def validate(loader, model, args, device, rank):
     return result
 
 
+def save(state, model, optimizer, scaler, args, rank, is_best=False):
+    """The checkpoint: one dict, made in every process (FSDP gathers its shards), written by rank 0
+    alone (every process holds the same weights)."""
+    model_state, optimizer_state = full_state(model, optimizer)
+    state = state | dict(model=model_state, optimizer=optimizer_state, scaler=scaler.state_dict())
+    if rank == 0:
+        save_checkpoint(state, is_best, args.output_dir)
+
+
+def set_device(local_rank):
+    """This process's GPU, made the current device, or the CPU (then gloo). torch.accelerator finds
+    it where this torch has it (2.6 on), CUDA and ROCm builds alike; other accelerators (MPS, XPU)
+    train on the CPU, as the loop's GPU code (pinned memory, streams, NCCL) is CUDA's."""
+    if hasattr(torch, "accelerator"):
+        gpu = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    else:
+        gpu = torch.device("cuda") if torch.cuda.is_available() else None
+    if gpu is None or gpu.type != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 def forward(model, images, target, args, device, reduction="mean"):
     """The batch to the device, model and loss under autocast (cross_entropy in fp32): (loss, top-1
     and top-5 hits, n). inception_v3 and googlenet add auxiliary outputs in training, weighted as in
@@ -686,12 +300,6 @@ def forward(model, images, target, args, device, reduction="mean"):
     return loss, hits[:, 0].sum(), hits.any(dim=1).sum(), target.shape[0]
 
 
-def number_format(args):
-    """The dtype and memory format of the model's weights and of its input batches."""
-    channels_last = torch.channels_last if args.channels_last else torch.contiguous_format
-    return dict(dtype=torch.float64 if args.fp64 else torch.float32, memory_format=channels_last)
-
-
 def average_buffers(model, world_size):
     """BatchNorm's running statistics differ between processes (each saw its own shards): averaged,
     every process evaluates, and rank 0 saves, one and the same model."""
@@ -704,79 +312,15 @@ def average_buffers(model, world_size):
         b.copy_(value.view_as(b))
 
 
-def save_checkpoint(state, is_best, output_dir):
-    """Atomic: serialized in memory (torch.save into a file turns a full disk into an opaque error),
-    written to a temporary file, synced, renamed over the old file. A crash or failed write leaves
-    the old file whole. model_best is a hard link to the checkpoint just written, where links
-    work."""
-    data, written = io.BytesIO(), None
-    torch.save(state, data)
-    names = ("checkpoint.pth.tar", "model_best.pth.tar") if is_best else ("checkpoint.pth.tar",)
-    for name in names:
-        path = os.path.join(output_dir, name)
-        # a killed writer's file is replaced by the next save on its host
-        tmp = f"{path}.tmp-{socket.gethostname()}"
-        try:
-            try:
-                os.link(written, tmp)
-            except (TypeError, OSError):  # the first file (written is None), no links, a stale tmp
-                with open(tmp, "wb") as f:
-                    f.write(data.getbuffer())
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, path)
-            # the rename survives a power cut once the folder is synced
-            folder = os.open(output_dir, os.O_RDONLY)
-            os.fsync(folder)
-            os.close(folder)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-            kept = "the previous one is kept" if os.path.exists(path) else "there is none"
-            raise UserError(f"cannot write {path}: {e.strerror or e} ({kept})") from None
-        written = path
-
-
-def load_checkpoint(path, model, optimizer, scaler, args, num_classes, images):
-    """Loads the checkpoints of every script here, whatever their --amp, and pytorch/examples'
-    (whose names DataParallel and DDP prefix with "module."). Returns the epoch, best Acc@1 and the
-    samples of the epoch trained."""
-    try:  # weights_only: a checkpoint cannot run code
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise UserError(f"cannot load checkpoint {path}: {str(e).splitlines()[0]}") from None
-    weights = ckpt.get("model", ckpt.get("state_dict")) if isinstance(ckpt, dict) else None
-    if not isinstance(weights, dict) or "epoch" not in ckpt:
-        raise UserError(
-            f"checkpoint {path} has no model weights and epoch: not a training checkpoint"
-        )
-    # in place: the state dict keeps the module versions that MNASNet reads
-    nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
-    matrices = [v for k, v in weights.items() if k.endswith("weight") and v.dim() >= 2]
-    classes = ckpt.get("num_classes") or (matrices[-1].shape[0] if matrices else None)
-    if ckpt.get("arch") != args.arch or classes != num_classes:
-        raise UserError(
-            f"checkpoint {path} is for {ckpt.get('arch')} with {classes} classes, "
-            f"not --arch {args.arch} with {num_classes}"
-        )
-    order = ckpt.get("seed", args.seed), ckpt.get("images", images)  # shuffled the stopped epoch
-    if ckpt.get("samples") and order != (args.seed, images) and not args.evaluate:
-        raise UserError(
-            f"checkpoint {path} stopped mid-epoch in the order of --seed {order[0]} over "
-            f"{order[1]} training images: resume it with those, not --seed {args.seed} over "
-            f"{images}"
-        )
-    try:
-        model.load_state_dict(weights)
-        optimizer.load_state_dict(ckpt["optimizer"])
-    except (KeyError, ValueError, RuntimeError) as e:
-        why = str(e).strip().splitlines()[0]
-        raise UserError(f"checkpoint {path} does not fit the model: {why}") from None
-    for group in optimizer.param_groups:  # fused or not is this machine's choice, not the saver's
-        group["fused"] = optimizer.defaults.get("fused")
-    if ckpt.get("scaler"):  # empty when saved without fp16 (a disabled GradScaler): a fresh one
-        scaler.load_state_dict(ckpt["scaler"])
-    return ckpt["epoch"], float(ckpt.get("best_acc1", 0.0)), ckpt.get("samples", 0)
+def set_learning_rate(optimizer, args, epoch, done):
+    """The step schedule (/10 every --lr-step epochs), raised linearly over the first
+    --warmup-epochs: `done` is the part of this epoch's images trained once this step is, so that a
+    resumed run, whatever its -b, goes on alike."""
+    warm = min(1.0, (epoch + done) / args.warmup_epochs) if args.warmup_epochs else 1.0
+    lr = args.lr * 0.1 ** (epoch // args.lr_step) * warm
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
 
 
 def create_model(args, num_classes):
@@ -801,26 +345,26 @@ def build_optimizer(model, args, device):
     )
 
 
-def setup_device(args, local_rank):
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    torch.cuda.set_device(local_rank % torch.cuda.device_count())
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def log_metrics(args, rank, row):
-    path = os.path.join(args.output_dir, "metrics.jsonl")
-    try:
-        if rank == 0:
-            with open(path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-    except OSError as e:
-        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
-
-
 ######## Data: the image lists, decoding, augmentation, the sampler and the loaders ########
+
+
+def load_data(args, device, local_rank, rank, world_size):
+    """The training and validation loaders, the number of classes, and each node's line on where its
+    images came from. A folder without images, or too few for one batch, is one error line: every
+    process finds it."""
+    try:
+        train_set, val_set, num_classes, note = build_datasets(args, local_rank, rank)
+    except UserError:
+        stop_together(rank, device)
+        raise
+    train_loader, _, val_loader = build_loaders(train_set, val_set, args, rank, world_size, device)
+    if len(train_loader) == 0 and not args.evaluate:
+        stop_together(rank, device)
+        raise UserError(
+            f"the {len(train_set)} training images make no full batch of {args.batch_size}: "
+            "lower --batch-size"
+        )
+    return train_loader, val_loader, num_classes, note
 
 
 def build_datasets(args, local_rank, rank):
@@ -1007,52 +551,223 @@ def build_loaders(train_set, val_set, args, rank, world_size, device):
     )
 
 
-######## Appendix: hardening. Error translation, input checks, signals, precision, pixel bound
+# PIL's decompression-bomb limit: one such image is 0.27 GB in RGB, per loader worker
+MAX_PIXELS = 89_478_485
+PIL.Image.MAX_IMAGE_PIXELS = None  # read_image applies the bound itself, to every format
 
 
-def run(worker, *worker_args):
-    """Runs the worker; bad input and lost peers end in one line on stderr and a non-zero exit."""
+def read_image(path):
+    """RGB uint8 tensor (3, H, W), decoded by torchvision (faster than PIL), or by PIL for what it
+    cannot read. An image over MAX_PIXELS is refused from its header, read by PIL in the format the
+    bytes (not the name) say."""
+    data = torchvision.io.read_file(path)
     try:
-        return worker(*worker_args)
-    except UserError as e:  # raised in a loader worker, it comes inside a traceback: the message
-        message, status = str(e).strip().splitlines()[-1].split("UserError: ", 1)[-1], 2
-    except dist.DistError as e:  # a peer that never came, or a port in use
-        message, status = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}", 1
-    except RuntimeError as e:  # gloo reports a peer that died or went silent as a RuntimeError
-        message, status = gloo_failure(str(e)), 1
-        if message is None:
-            raise
-    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(status)
+        with PIL.Image.open(io.BytesIO(data.numpy())) as header:  # parses the header only
+            width, height = header.size
+    except PIL.UnidentifiedImageError:
+        raise UserError("not an image format whose size can be read before decoding") from None
+    if width * height > MAX_PIXELS:
+        raise UserError(
+            f"{width}x{height} is over the limit of {MAX_PIXELS} pixels (MAX_PIXELS in {SCRIPT})"
+        )
+    try:
+        return torchvision.io.decode_image(data, mode=torchvision.io.ImageReadMode.RGB)
+    except RuntimeError:
+        return TF.pil_to_tensor(default_loader(path))
 
 
-def gloo_failure(text):
-    """A gloo error in one line (None: not one). Gloo says "[/src/gloo/transport/tcp/pair.cc:545]
-    Read error ...: Connection reset by peer. ...", or "caused pair closure" after a timeout."""
-    if "/gloo/" not in text and "caused pair closure" not in text:
-        return None
-    if re.search(r"timed? ?out", text, re.I):
-        what = "no answer from another process within --dist-timeout"
-    else:
-        what = "lost another process"
-    line = re.sub(r"\[[^\]]*/gloo/[^\]]*\] ", "", text.strip().splitlines()[0])
-    return f"{what} (gloo): {line.split(' This is typically')[0]}"
+# ---- end shared: training ----
 
 
-def report_once(rank):
-    """All processes found it: rank 0 says so, the others leave after a pause in which rank 0 has
-    said it."""
-    if rank != 0:
-        time.sleep(2)
-        sys.exit(2)
+# ---- shared: appendix (copied from distributed.py; dev/sync_shared.py keeps copies equal) ----
+######## Appendix: options, input checks, resume, checkpoint files, timing, signals, errors ########
 
 
-def stop_together(rank, device):
-    """Bad input that every process finds once the process group exists: one collective first, so
-    that none leaves while another is still connecting to it (whose start-up would then fail, a
-    second error line), then report_once."""
-    all_reduce_sum(torch.zeros(1, device=device))
-    report_once(rank)
+class UserError(Exception):
+    """Bad input: reported as one line and a non-zero exit, never a traceback."""
+
+
+DEMO_MARK = "DEMO_DATA.txt"  # marks a folder of demo data (tools/make_demo_data.py writes it)
+DEMO_DEFAULTS = dict(batch_size=32, epochs=3, workers=2)  # a few minutes on a laptop
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="Defaults: pytorch/examples' ImageNet recipe, except on demo data (a folder with "
+        f"{DEMO_MARK}) and --dummy: {DEMO_DEFAULTS}",
+    )
+    p.add_argument("data_arg", nargs="?", metavar="DATA", help="data folder (pytorch/examples')")
+    p.add_argument(
+        "--data", metavar="DIR", help="train/ and val/ image folders (default: data/demo)"
+    )
+    p.add_argument("-a", "--arch", default="resnet18", help="a torchvision classification model")
+    p.add_argument(
+        "-j",
+        "--workers",
+        type=int,
+        help="loader processes per process (default: min(8, cores each))",
+    )
+    p.add_argument(
+        "--loader-start-method",
+        choices=["fork", "spawn", "forkserver"],
+        help="spawn if fork breaks (MPI)",
+    )
+    p.add_argument("--epochs", type=int, help="default: 90 (3 on the demo data)")
+    p.add_argument(
+        "--start-epoch", type=int, default=0, help="epoch to start at (--resume reads it)"
+    )
+    p.add_argument(
+        "-b",
+        "--batch-size",
+        type=int,
+        help="global batch, split evenly across processes (default: 256)",
+    )
+    p.add_argument(
+        "--lr", "--learning-rate", type=float, dest="lr", help="default: 0.1 x global batch / 256"
+    )
+    p.add_argument(
+        "--lr-step", type=int, default=30, help="divide the learning rate by 10 every N epochs"
+    )
+    p.add_argument(
+        "--warmup-epochs",
+        type=float,
+        help="lr up from near 0, linearly (default: doublings of -b / 256)",
+    )
+    p.add_argument(
+        "--gradient-accumulation-steps",
+        "--accum-steps",
+        type=int,
+        default=1,
+        dest="accum_steps",
+        metavar="K",
+        help="K micro-batches a step, one exchange of gradients: -b = processes x K x micro",
+    )
+    p.add_argument(
+        "--grad-compression",
+        choices=["none", "fp16", "bf16"],
+        default="none",
+        help="send gradients between processes in 16 bits (averaged back into fp32 weights)",
+    )
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--wd", "--weight-decay", type=float, default=1e-4, dest="weight_decay")
+    p.add_argument(
+        "-p", "--print-freq", type=int, default=10, help="print every N steps (the only host syncs)"
+    )
+    p.add_argument("--resume", metavar="PATH", default="", help="checkpoint to continue from")
+    p.add_argument(
+        "--auto-resume",
+        action="store_true",
+        help="from OUTPUT_DIR/checkpoint.pth.tar if any (on SIGUSR1 all processes stop at one step "
+        "and save it)",
+    )
+    p.add_argument("-e", "--evaluate", action="store_true", help="only evaluate on val/")
+    p.add_argument(
+        "--pretrained",
+        action="store_true",
+        help="start from torchvision's weights (downloads them)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the shuffling, the augmentations and the initial weights",
+    )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic kernels where PyTorch has them (slower)",
+    )
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument(
+        "--no-augment",
+        dest="augment",
+        action="store_false",
+        help="train on centre crops, unflipped",
+    )
+    p.add_argument(
+        "--dummy", action="store_true", help="synthetic data in memory instead of --data"
+    )
+    p.add_argument("--output-dir", help="checkpoints and metrics.jsonl (default: output/<script>)")
+    p.add_argument(
+        "--norm", choices=["batch", "group"], default="batch", help="group: GroupNorm for BatchNorm"
+    )
+    p.add_argument(
+        "--sync-bn",
+        action="store_true",
+        help="SyncBatchNorm: batch statistics over all processes (CUDA)",
+    )
+    p.add_argument(
+        "--amp",
+        choices=["off", "auto", "bf16", "fp16"],
+        default="off",
+        help="mixed precision (auto: what the hardware runs natively: bf16 from Ampere on and on "
+        "AVX512_BF16/AMX CPUs, else fp16 on GPUs)",
+    )
+    p.add_argument(
+        "--channels-last", action=argparse.BooleanOptionalAction, help="NHWC (default: with --amp)"
+    )
+    p.add_argument(
+        "--fp64",
+        action="store_true",
+        help="float64 (slow): N processes match one to ~1e-12, whatever the kernels' summation "
+        "order, which checks the parallel math",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the model (its compile time logged apart)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="intra-op threads per process (default: PyTorch's)"
+    )
+    p.add_argument("--dist-backend", help="nccl with CUDA, else gloo")
+    p.add_argument(
+        "--dist-timeout", type=float, default=1800, help="seconds before a stuck collective fails"
+    )
+    return p
+
+
+def resolve_options(args, world_size, device, rank):
+    """The options in effect, resolved in this one place before training starts: the defaults
+    (pytorch/examples' recipe, or the demo's), the checks, the precision and the backend's own.
+    Returns a new namespace; every process resolves alike, and bad input is said once."""
+    args = argparse.Namespace(**vars(args))
+    try:
+        check_args(args, world_size)
+        args.amp, args.channels_last, args.precision = choose_precision(args, device)
+        check_backend(args, world_size, device)
+    except UserError:
+        report_once(rank)
+        raise
+    return args
+
+
+def resolve_defaults(args, world_size):
+    """pytorch/examples' ImageNet recipe, except on the demo data. Loader workers: min(8, cores this
+    process may use / processes on its node); the launchers say how many a node runs, else one per
+    GPU is assumed."""
+    if args.data_arg is not None and args.data not in (None, args.data_arg):
+        raise UserError(f"two data folders: {args.data_arg} and --data {args.data}")
+    args.data = args.data_arg or args.data or "data/demo"
+    args.demo = (
+        args.dummy
+        or os.path.normpath(args.data) == "data/demo"
+        or os.path.isfile(os.path.join(args.data, DEMO_MARK))
+    )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    local_sizes = ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+    local = next((int(os.environ[v]) for v in local_sizes if os.environ.get(v, "").isdigit()), None)
+    local = local or min(world_size, torch.cuda.device_count() or world_size)
+    recipe = dict(batch_size=256, epochs=90, workers=min(8, (cores or 1) // local) or 1)
+    for name, value in (DEMO_DEFAULTS if args.demo else recipe).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.lr = 0.1 * args.batch_size / 256 if args.lr is None else args.lr
+    # Goyal et al. 2017 warmed up 5 epochs at 8k: an epoch a doubling up to there
+    if args.warmup_epochs is None:
+        doublings = math.ceil(math.log2(max(args.batch_size, 1) / 256))
+        args.warmup_epochs = float(min(5, max(0, doublings)))
 
 
 def check_args(args, world_size):
@@ -1122,6 +837,343 @@ def check_data(root):
         )
 
 
+def process_settings(args):
+    """What the options set for the whole process: threads, deterministic kernels, and the SIGUSR1
+    handler (Slurm's warning before a time limit or preemption): all processes stop at one step."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.deterministic:  # kernels without a deterministic version (a few on CUDA) warn, not fail
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for it
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = not args.deterministic
+    signal.signal(signal.SIGUSR1, lambda *_: STOP.append(1))
+
+
+# SIGUSR1 appends to it: the processes add up its length on print steps and stop together
+STOP = []
+
+
+def seed_process(seed, rank, epoch):
+    """The process's own draws (dropout), new each epoch: a resumed run draws alike."""
+    seed = seed + rank + 100_003 * epoch
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def resume(args, model, optimizer, scaler, num_classes, images, device):
+    """Loads --resume, or with --auto-resume the output folder's checkpoint if there is one: returns
+    where the run starts, {epoch, samples (of it trained), best_acc1}."""
+    path = os.path.join(args.output_dir, "checkpoint.pth.tar")
+    path = path if args.auto_resume and os.path.isfile(path) else args.resume
+    if not path:
+        return dict(epoch=args.start_epoch, samples=0, best_acc1=0.0)
+    return load_checkpoint(path, model, optimizer, scaler, args, num_classes, images)
+
+
+def load_checkpoint(path, model, optimizer, scaler, args, num_classes, images):
+    """Loads the checkpoints of every script here, whatever their --amp, and pytorch/examples'
+    (whose names DataParallel and DDP prefix with "module."). Returns where the run starts."""
+    try:  # weights_only: a checkpoint cannot run code
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UserError(f"cannot load checkpoint {path}: {str(e).splitlines()[0]}") from None
+    weights = ckpt.get("model", ckpt.get("state_dict")) if isinstance(ckpt, dict) else None
+    if not isinstance(weights, dict) or "epoch" not in ckpt:
+        raise UserError(
+            f"checkpoint {path} has no model weights and epoch: not a training checkpoint"
+        )
+    # in place: the state dict keeps the module versions that MNASNet reads
+    nn.modules.utils.consume_prefix_in_state_dict_if_present(weights, "module.")
+    matrices = [v for k, v in weights.items() if k.endswith("weight") and v.dim() >= 2]
+    classes = ckpt.get("num_classes") or (matrices[-1].shape[0] if matrices else None)
+    if ckpt.get("arch") != args.arch or classes != num_classes:
+        raise UserError(
+            f"checkpoint {path} is for {ckpt.get('arch')} with {classes} classes, "
+            f"not --arch {args.arch} with {num_classes}"
+        )
+    order = ckpt.get("seed", args.seed), ckpt.get("images", images)  # shuffled the stopped epoch
+    if ckpt.get("samples") and order != (args.seed, images) and not args.evaluate:
+        raise UserError(
+            f"checkpoint {path} stopped mid-epoch in the order of --seed {order[0]} over "
+            f"{order[1]} training images: resume it with those, not --seed {args.seed} over "
+            f"{images}"
+        )
+    try:
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (KeyError, ValueError, RuntimeError) as e:
+        why = str(e).strip().splitlines()[0]
+        raise UserError(f"checkpoint {path} does not fit the model: {why}") from None
+    for group in optimizer.param_groups:  # fused or not is this machine's choice, not the saver's
+        group["fused"] = optimizer.defaults.get("fused")
+    if ckpt.get("scaler"):  # empty when saved without fp16 (a disabled GradScaler): a fresh one
+        scaler.load_state_dict(ckpt["scaler"])
+    return dict(
+        epoch=ckpt["epoch"],
+        samples=ckpt.get("samples", 0),
+        best_acc1=float(ckpt.get("best_acc1", 0)),
+    )
+
+
+def save_checkpoint(state, is_best, output_dir):
+    """Atomic: serialized in memory (torch.save into a file turns a full disk into an opaque error),
+    written to a temporary file, synced, renamed over the old file. A crash or failed write leaves
+    the old file whole. model_best is a hard link to the checkpoint just written, where links
+    work."""
+    data, written = io.BytesIO(), None
+    torch.save(state, data)
+    names = ("checkpoint.pth.tar", "model_best.pth.tar") if is_best else ("checkpoint.pth.tar",)
+    for name in names:
+        path = os.path.join(output_dir, name)
+        # a killed writer's file is replaced by the next save on its host
+        tmp = f"{path}.tmp-{socket.gethostname()}"
+        try:
+            try:
+                os.link(written, tmp)
+            except (TypeError, OSError):  # the first file (written is None), no links, a stale tmp
+                with open(tmp, "wb") as f:
+                    f.write(data.getbuffer())
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+            # the rename survives a power cut once the folder is synced
+            folder = os.open(output_dir, os.O_RDONLY)
+            os.fsync(folder)
+            os.close(folder)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            kept = "the previous one is kept" if os.path.exists(path) else "there is none"
+            raise UserError(f"cannot write {path}: {e.strerror or e} ({kept})") from None
+        written = path
+
+
+class EpochMeter:
+    """What train() asks, at one place each: the epoch's sums, its seconds, its printed lines, and
+    whether a process got SIGUSR1. Seconds: in all, waiting for batches, and from the end of the
+    first `untimed` steps on, which images/s leaves out (allocator and cudnn warm-up, compiling)."""
+
+    def __init__(self, loader, epoch, args, device, rank):
+        self.epoch, self.args, self.device, self.rank = epoch, args, device, rank
+        self.sampler, self.steps = loader.sampler, len(loader) // args.accum_steps
+        # loss x n, top-1 and top-5 hits, n (as in validate), summed on the device: reading them
+        # (.item()) would make the host wait every step; added over the processes on print steps
+        self.sums = torch.zeros(4, dtype=torch.float64, device=device)
+        self.total, self.lr, self.stopped_at = None, None, None
+        self.untimed, self.data_s = min(2, self.steps - 1), 0.0
+        self.start = self.warm = time.perf_counter()
+
+    def timed(self, batches):
+        """The batches, the wait for each added to data_s."""
+        while True:
+            t = time.perf_counter()
+            batch = next(batches, None)
+            self.data_s += time.perf_counter() - t
+            if batch is None:
+                return
+            yield batch
+
+    def step_starts(self, step):
+        """The part of this epoch's images trained once this step is: the schedule goes by it, so
+        that a resumed run, whatever its -b, goes on alike."""
+        if step == self.untimed:
+            self.warm = time.perf_counter()
+        return (self.sampler.start + (step + 1) * self.args.batch_size) / self.sampler.n
+
+    def add(self, loss, top1, top5, n):
+        self.sums[:3] += torch.stack([loss.detach().double() * n, top1.double(), top5.double()])
+        self.sums[3] += n  # an in-place add of a Python number: no host-to-device copy, so no wait
+
+    def step_ends(self, step, lr):
+        """On print steps, the sums over all processes and whether one got SIGUSR1: the only wait
+        for the device. True: stop after this step (the same answer in every process)."""
+        self.lr = lr
+        if step % self.args.print_freq and step != self.steps - 1:
+            return False
+        sums = torch.cat([self.sums, self.sums.new_tensor([len(STOP)])])
+        *self.total, asked = all_reduce_sum(sums).tolist()
+        report_step(self.total, self.epoch, step, self.steps, lr, self.per_step(step), self.rank)
+        if asked and step < self.steps - 1:
+            self.stopped_at = self.sampler.start + (step + 1) * self.args.batch_size
+        return self.stopped_at is not None
+
+    def per_step(self, step):
+        return (time.perf_counter() - self.start) / (step + 1)
+
+    def figures(self):
+        """The epoch's training figures in metrics.jsonl. With --compile, the time of the untimed
+        steps beyond that of as many ordinary steps is the compile time: printed, and left out of
+        images/s."""
+        if self.stopped_at is not None:
+            return dict(stopped_at=self.stopped_at)
+        if self.steps == 0:  # resumed after the epoch's last full batch (e.g. with a larger -b)
+            if self.rank == 0:
+                print(
+                    f"Epoch [{self.epoch}]: no full batch of {self.args.batch_size} left after "
+                    f"sample {self.sampler.start}: done",
+                    flush=True,
+                )
+            return {}
+        now = time.perf_counter()
+        elapsed, timed, warmup_s = now - self.start, now - self.warm, self.warm - self.start
+        compile_s = None
+        if self.args.compile:
+            step_s = timed / max(self.steps - self.untimed, 1)
+            compile_s = max(0.0, warmup_s - self.untimed * step_s)
+            if self.rank == 0:
+                print(
+                    f"compile: {compile_s:.1f} s in the first {self.untimed} step(s), left out of "
+                    "images/s",
+                    flush=True,
+                )
+        if self.device.type == "cuda":
+            peak_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+        else:
+            peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        loss_n, top1, _, n = self.total
+        return dict(
+            train_loss=loss_n / n,
+            train_acc1=100 * top1 / n,
+            lr=self.lr,
+            train_images_per_s=(n - self.untimed * self.args.batch_size) / timed,
+            epoch_time_s=elapsed,
+            data_wait_frac=self.data_s / elapsed,
+            peak_memory_mb=peak_mb,
+            warmup_s=warmup_s,
+            compile_s=compile_s,
+        )
+
+
+def report_step(total, epoch, step, steps, lr, seconds_per_step, rank):
+    """Rank 0 prints the step's line. A loss that is no longer finite ends the run here, in every
+    process alike (all hold the same sums), before a checkpoint of it could replace the last one."""
+    loss, where = total[0] / total[3], f"epoch {epoch}, step {step + 1} of {steps}"
+    if not math.isfinite(loss):
+        report_once(rank)
+        raise UserError(
+            f"the loss is {loss} in {where}, at lr {lr:.6g}: training diverged and stops here; "
+            "the last checkpoint is kept (try a lower --lr or a longer --warmup-epochs)"
+        )
+    if rank == 0:
+        print(
+            f"Epoch [{epoch}][{step + 1}/{steps}] loss {loss:.4f} acc@1 "
+            f"{100 * total[1] / total[3]:.2f} lr {lr:.6g} {seconds_per_step:.3f} s/step",
+            flush=True,
+        )
+
+
+def stop_asked(device):
+    """Whether any process got SIGUSR1: one answer, the same in all of them."""
+    return all_reduce_sum(torch.tensor([len(STOP)], device=device)).item() > 0
+
+
+def report_stop(epoch, samples, rank):
+    if rank == 0:
+        print(
+            f"{SCRIPT}: stopped on SIGUSR1 after sample {samples} of epoch {epoch}: checkpoint "
+            "saved; --auto-resume continues from there",
+            flush=True,
+        )
+
+
+def announce(args, optimizer, world_size, device, start, note, rank):
+    """Rank 0's first line, the settings in effect and why; then each node's line on its data."""
+    if rank == 0:
+        print(settings_line(args, optimizer, world_size, device, start), flush=True)
+    if note:
+        print(note, flush=True)
+
+
+def settings_line(args, optimizer, world_size, device, start):
+    """The run's first line: the settings in effect, and why."""
+    amp = "fp64" if args.fp64 else "fp32" if args.amp == "off" else args.amp
+    layout = "on" if args.channels_last else "off"
+    kind = type(optimizer)
+    fused = " (fused)" if optimizer.defaults.get("fused") else ""
+    per_process = args.batch_size // world_size
+    batch = f"batch {per_process} per process"
+    if args.accum_steps > 1:
+        batch += f" in {args.accum_steps} micro-batches of {per_process // args.accum_steps}"
+    sent = "fp32" if args.grad_compression == "none" else args.grad_compression
+    recipe = "demo settings" if args.demo else "ImageNet recipe"
+    begin = f"start epoch {start['epoch']}"
+    if start["samples"]:
+        begin += f" at sample {start['samples']}"
+    return (
+        f"{SCRIPT}: amp: {amp} ({args.precision}), channels_last {layout}, optimizer "
+        f"{kind.__module__}.{kind.__name__}{fused}; {world_size} process(es), backend "
+        f"{args.dist_backend}, device {device.type}, {args.arch}, {torch.get_num_threads()} "
+        f"thread(s); {batch}, gradients sent in {sent}, {args.epochs} epochs, lr {args.lr:g} "
+        f"(warmup {args.warmup_epochs:g} epochs, /10 every {args.lr_step}), weight decay "
+        f"{args.weight_decay:g}, {args.workers} loader workers per process ({recipe}); {begin}"
+    )
+
+
+def log_metrics(args, world_size, device, rank, row):
+    """Rank 0 appends the row to metrics.jsonl, with what the run is."""
+    about = dict(script=SCRIPT, world_size=world_size, amp=args.amp, arch=args.arch)
+    about |= dict(batch_size=args.batch_size, accum_steps=args.accum_steps, device=device.type)
+    path = os.path.join(args.output_dir, "metrics.jsonl")
+    try:
+        if rank == 0:
+            with open(path, "a") as f:
+                f.write(json.dumps(about | dict(threads=torch.get_num_threads()) | row) + "\n")
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def number_format(args):
+    """The dtype and memory format of the model's weights and of its input batches."""
+    channels_last = torch.channels_last if args.channels_last else torch.contiguous_format
+    return dict(dtype=torch.float64 if args.fp64 else torch.float32, memory_format=channels_last)
+
+
+def run(worker, *worker_args):
+    """Runs the worker; bad input and lost peers end in one line on stderr and a non-zero exit."""
+    try:
+        return worker(*worker_args)
+    except UserError as e:  # raised in a loader worker, it comes inside a traceback: the message
+        message, status = str(e).strip().splitlines()[-1].split("UserError: ", 1)[-1], 2
+    except dist.DistError as e:  # a peer that never came, or a port in use
+        message, status = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}", 1
+    except RuntimeError as e:  # gloo reports a peer that died or went silent as a RuntimeError
+        message, status = gloo_failure(str(e)), 1
+        if message is None:
+            raise
+    print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+def gloo_failure(text):
+    """A gloo error in one line (None: not one). Gloo says "[/src/gloo/transport/tcp/pair.cc:545]
+    Read error ...: Connection reset by peer. ...", or "caused pair closure" after a timeout."""
+    if "/gloo/" not in text and "caused pair closure" not in text:
+        return None
+    if re.search(r"timed? ?out", text, re.I):
+        what = "no answer from another process within --dist-timeout"
+    else:
+        what = "lost another process"
+    line = re.sub(r"\[[^\]]*/gloo/[^\]]*\] ", "", text.strip().splitlines()[0])
+    return f"{what} (gloo): {line.split(' This is typically')[0]}"
+
+
+def report_once(rank):
+    """All processes found it: rank 0 says so, the others leave after a pause in which rank 0 has
+    said it."""
+    if rank != 0:
+        time.sleep(2)
+        sys.exit(2)
+
+
+def stop_together(rank, device):
+    """Bad input that every process finds once the process group exists: one collective first, so
+    that none leaves while another is still connecting to it (whose start-up would then fail, a
+    second error line), then report_once."""
+    all_reduce_sum(torch.zeros(1, device=device))
+    report_once(rank)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -1186,32 +1238,52 @@ def cpu_bf16_support():
     return False, "AVX512 without AVX512_BF16"
 
 
-# PIL's decompression-bomb limit: one such image is 0.27 GB in RGB, per loader worker
-MAX_PIXELS = 89_478_485
-PIL.Image.MAX_IMAGE_PIXELS = None  # read_image applies the bound itself, to every format
+# ---- end shared: appendix ----
 
 
-def read_image(path):
-    """RGB uint8 tensor (3, H, W), decoded by torchvision (faster than PIL), or by PIL for what it
-    cannot read. An image over MAX_PIXELS is refused from its header, read by PIL in the format the
-    bytes (not the name) say."""
-    data = torchvision.io.read_file(path)
-    try:
-        with PIL.Image.open(io.BytesIO(data.numpy())) as header:  # parses the header only
-            width, height = header.size
-    except PIL.UnidentifiedImageError:
-        raise UserError("not an image format whose size can be read before decoding") from None
-    if width * height > MAX_PIXELS:
-        raise UserError(
-            f"{width}x{height} is over the limit of {MAX_PIXELS} pixels (MAX_PIXELS in {SCRIPT})"
+# ---- backend appendix: the backend's options, checks and helpers ----
+# What every backend defines (the shared loop calls nothing else of it):
+#   add_backend_args(parser); main(): starts the processes, each in main_worker()
+#   init_distributed(args, local_rank, rank, world_size) -> the device this process trains on
+#   distribute(model, optimizer, args, device) -> the model and optimizer to train with
+#   no_sync(model) -> a context in which backward() accumulates gradients, sending none
+#   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
+#   sync_batchnorm(model) -> the model, its BatchNorm over all processes (--sync-bn)
+#   all_reduce_sum(tensor) -> the tensor, summed over the processes in place
+#   prefetch(batches, device) -> the batches; shutdown(): leaves the process group
+def add_backend_args(p):
+    # the legacy launcher passes it
+    p.add_argument("--local-rank", "--local_rank", type=int, dest="local_rank")
+    # this script's point: what the hardware runs natively; --amp off for fp32
+    p.set_defaults(amp="auto")
+
+
+def check_backend(args, world_size, device):  # nothing that DDP cannot do
+    pass
+
+
+def without_torchrun(args):
+    """The fallbacks: started without a launcher, a world of one; the legacy launcher's
+    --local-rank; a warning where restarted processes may try old addresses."""
+    env = os.environ
+    if "RANK" not in env:
+        port = str(free_port())
+        env.update(
+            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port
         )
-    try:
-        return torchvision.io.decode_image(data, mode=torchvision.io.ImageReadMode.RGB)
-    except RuntimeError:
-        return TF.pil_to_tensor(default_loader(path))
+    if args.local_rank is not None:
+        env["LOCAL_RANK"] = str(args.local_rank)
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
+    if env["RANK"] == "0" and restarts and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        print(
+            f"{SCRIPT}: warning: with --max-restarts, run torchrun with "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
-# ---- end shared: training ----
+# ---- end backend ----
 
 
 if __name__ == "__main__":

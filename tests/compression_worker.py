@@ -34,8 +34,9 @@ def main(name, out, compressions):
         local_rank, rank, world_size = (
             int(os.environ[v]) for v in ("LOCAL_RANK", "RANK", "WORLD_SIZE")
         )
-    script.check_args(args, world_size)
-    device = script.init_distributed(args, local_rank, rank, world_size)
+    device = script.set_device(local_rank)
+    args = script.resolve_options(args, world_size, device, rank)
+    script.init_distributed(args, rank, world_size, device)
     torch.manual_seed(100 + rank)  # each process its own shard of the batch
     images, target = (
         torch.randn(4, 3, 32, 32, device=device),

@@ -103,7 +103,8 @@ def main(out_dir, specs):
         ]
     )
     script.resolve_defaults(args, world)
-    device = script.init_distributed(args, local_rank, rank, world)
+    device = script.set_device(local_rank)
+    script.init_distributed(args, rank, world, device)
     try:
         for spec in specs:
             arch, _, amps = spec.partition(":")

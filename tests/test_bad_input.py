@@ -19,7 +19,6 @@ import struct
 import subprocess
 import sys
 import time
-import types
 
 import pytest
 import torch
@@ -266,21 +265,24 @@ def test_nccl_without_cuda(tiny_data):
     fails(single("--data", tiny_data, "--dist-backend", "nccl"), "nccl needs CUDA")
 
 
-def test_fsdp_refuses_gloo_on_gpus_before_any_process_group(monkeypatch):
+def test_fsdp_refuses_gloo_on_gpus_before_any_process_group(monkeypatch, tmp_path):
     """Two FSDP processes over gloo on GPUs trained an epoch, then both died of SIGSEGV in gloo's
     all-gather of the CUDA shards for the checkpoint (an H200, torch 2.11). CUDA is mocked here;
     tests/test_gpu_math.py runs it on a GPU."""
     import fsdp_distributed as fsdp
 
-    monkeypatch.setattr(fsdp, "setup_device", lambda args, local_rank: torch.device("cuda", 0))
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(fsdp, "set_device", lambda local_rank: gpu)
+    monkeypatch.setattr(fsdp, "choose_precision", lambda args, device: ("off", False, "mocked"))
     made = []
     monkeypatch.setattr(fsdp.dist, "init_process_group", lambda *a, **kw: made.append(a))
-    args = types.SimpleNamespace(dist_backend="gloo", dist_timeout=60)
+    args = fsdp.build_parser().parse_args(
+        ["--dummy", "--dist-backend", "gloo", "--output-dir", str(tmp_path)]
+    )
     with pytest.raises(fsdp.UserError, match="gloo cannot gather FSDP's CUDA shards; use nccl"):
-        fsdp.init_distributed(args, 0, 0, 2)
+        fsdp.main_worker(0, 0, 2, args)
     assert made == []
-    fsdp.init_distributed(args, 0, 0, 1)  # one process gathers nothing
-    assert made == [("gloo",)]
+    fsdp.check_backend(args, 1, gpu)  # one process gathers nothing
 
 
 @pytest.mark.parametrize(
@@ -500,7 +502,8 @@ def test_mid_epoch_resume_with_another_seed_or_other_data_is_refused(
         match="over 48 training images: resume it with those, not --seed 3 over 50$",
     ):
         distributed.load_checkpoint(str(ckpt), model, optimizer, scaler, args, 7, 50)
-    assert distributed.load_checkpoint(str(ckpt), model, optimizer, scaler, args, 7, 48)[2] == 24
+    start = distributed.load_checkpoint(str(ckpt), model, optimizer, scaler, args, 7, 48)
+    assert start["samples"] == 24
     rewrite_checkpoint(ckpt, samples=0)  # at an epoch's end any seed may go on
     assert distributed.load_checkpoint(
         str(ckpt), model, optimizer, scaler, parse(tiny_data, "--seed", "5"), 7, 50

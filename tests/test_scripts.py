@@ -158,6 +158,58 @@ def test_the_shared_blocks_and_the_training_step_stay_within_their_length():
     assert train.end_lineno - train.lineno + 1 <= TRAIN_LINES
 
 
+# Where each script's lesson stands: read top-down, a copier meets these before the appendix, in
+# the first LESSON_LINES lines; each backend's own start of its processes and its own wrapper.
+LESSON_LINES = 300
+CORE_LINES = 250  # from the line after the imports to the end of save(), the rank-0 checkpoint
+FUNCTION_LINES = 60  # any function or class above the appendix banner
+START = {"horovod_distributed.py": "hvd.init()", "dataparallel.py": "nn.DataParallel("}
+WRAPPER = {
+    "horovod_distributed.py": "hvd.DistributedOptimizer(",
+    "dataparallel.py": "nn.DataParallel(",
+    "fsdp_distributed.py": "fully_shard(inner",
+}
+
+
+def first_line(lines, text, after=0):
+    return next((i for i, line in enumerate(lines, 1) if i > after and text in line), None)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_each_script_opens_with_its_lesson_and_keeps_hardening_in_the_appendix(name):
+    text = open(script(name)).read()
+    lines = text.splitlines()
+    tree = ast.parse(text)
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    parser, banner = defs["build_parser"].lineno, first_line(lines, "######## Appendix")
+    assert banner and banner < parser, f"{name}: no appendix banner before build_parser"
+    validate = defs["validate"]
+    places = {
+        "the start of the processes' group": first_line(
+            lines, START.get(name, "init_process_group(")
+        ),
+        "the wrapper": first_line(lines, WRAPPER.get(name, "nn.parallel.DistributedDataParallel(")),
+        "backward()": first_line(lines, ".backward()"),
+        "the evaluation's all-reduce": first_line(lines, "all_reduce_sum(", validate.lineno),
+        "the checkpoint save": first_line(lines, "save_checkpoint(state"),
+    }
+    late = {what: at for what, at in places.items() if not at or at > min(LESSON_LINES, parser)}
+    assert not late, f"{name}: not in its first {LESSON_LINES} lines, before build_parser: {late}"
+    assert places["the evaluation's all-reduce"] < validate.end_lineno
+    core = defs["save"].end_lineno - first_line(lines, "SCRIPT = ")
+    assert core <= CORE_LINES, f"{name}: its core is {core} lines"
+    long = {
+        n.name: n.end_lineno - n.lineno + 1
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.lineno < banner
+        if n.end_lineno - n.lineno + 1 > FUNCTION_LINES
+    }
+    assert not long, f"{name}: above the appendix, longer than {FUNCTION_LINES} lines: {long}"
+    # the step asks one object for timing and the stop protocol, and a stop is a return
+    step = ast.get_source_segment(text, defs["train"])
+    assert not re.search(r"perf_counter|STOP|raise", step), f"{name}: train() times or stops itself"
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_scripts_import_nothing_of_this_project(name):
     """Users copy one file: it may import the standard library, torch, torchvision (and PIL, which

@@ -60,7 +60,8 @@ def worker(a):
     shape = ["-a", a.arch[0], "-b", str(a.batch), "--image-size", str(a.size)]
     args = script.build_parser().parse_args(["--dummy", *shape, "--dist-backend", "gloo"])
     script.resolve_defaults(args, world)
-    device = script.init_distributed(args, local_rank, rank, world)
+    device = script.set_device(local_rank)
+    script.init_distributed(args, rank, world, device)
     args.amp, args.channels_last, _ = script.choose_precision(args, device)
     marks["rss_init"] = rss()
     torch.manual_seed(args.seed)
