@@ -342,6 +342,9 @@ def test_the_model_hides_what_overlaps_and_scales_compression_and_accumulation()
     fast, slow = flat_link(1000 * MB), flat_link(10 * MB)  # 20 ms, 2 s for all
     hidden = scaling_model.step_time(prof, fast, 2, 1)
     assert hidden["step_s"] == pytest.approx(0.3) and hidden["efficiency"] == pytest.approx(1.0)
+    # the baseline beside it hides nothing: the step alone, then the 20 ms of all-reduces
+    assert hidden["no_overlap_step_s"] == pytest.approx(0.32)
+    assert hidden["no_overlap_images_per_s"] == pytest.approx(2 * 8 / 0.32)
     bound = scaling_model.step_time(prof, slow, 2, 1)
     assert bound["step_s"] == pytest.approx(0.1 + 0.01 + 2.0)
     assert bound["comm_s"] == pytest.approx(2.0)
@@ -594,3 +597,57 @@ def test_models_with_auxiliary_outputs_are_profiled_and_counted(tmp_path):
     given = ["-a", "googlenet", "--images-per-s", "100", "--batch", "8", "--link", "1gbit"]
     p = run([PY, tool, "predict", *given, "--markdown"], timeout=300)
     assert re.search(r"^\| 1gbit \| 2 x 1 \| ddp \|", p.stdout, re.M), p.stdout
+
+
+def test_the_network_report_sets_the_no_overlap_baseline_beside_each_prediction(tmp_path):
+    """benchmark_report.py --network on runs written here: each modelled row's images/s from the
+    model, and from the baseline that hides nothing (the one-host step plus the same all-reduces),
+    each with its error against the measured, and their mean errors."""
+    runs = tmp_path / "runs-network"
+    lines = []
+    for rate, ips in (("1 host", 80.0), (SLOW, 50.0)):
+        folder = runs / ("1host" if rate == "1 host" else rate) / "distributed"
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text(json.dumps(dict(train_images_per_s=ips)) + "\n")
+        lines.append("\t".join(["distributed", rate, "distributed", "ok", "2", "1", "0", "9", "x"]))
+    (runs / "manifest.tsv").write_text("\n".join(lines) + "\n")
+    # the all-reduce at 2 hosts: 10 MB/s of bus bandwidth, 0.1 s a 1 MB bucket
+    rows = [dict(bytes=4096, time_s=4e-4, sent_bytes=4096, busbw_Bps=1e7)]
+    fit = dict(alpha_s=0.0, busbw_Bps=1e7)
+    bench = dict(backend="gloo", world_size=2, ops=dict(all_reduce=dict(rows=rows, fit=fit)))
+    (runs / f"allreduce-{SLOW}-n2.json").write_text(json.dumps(bench))
+    # forward 40 ms, backward 60 ms; two 1 MB buckets ready 30 and 60 ms into the backward
+    grads = [dict(bytes=1e6, ready_s=0.03), dict(bytes=1e6, ready_s=0.06)]
+    prof = dict(source="test", arch="resnet18", image_size=64, batch=8, compress_s_per_byte=0.0)
+    prof.update(forward_s=0.04, backward_s=0.06, optimizer_s=0.0, param_bytes=2e6, params=grads)
+    prof.update(buckets=[scaling_model.bucket(grads, [i]) for i in (0, 1)], fsdp_groups=[2e6])
+    (runs / "profile-64.json").write_text(json.dumps(prof))
+    tool = os.path.join(ROOT, "tools", "benchmark_report.py")
+    args = ["--network", "--results", str(tmp_path), "--hosts", "2", "--batch", "16"]
+    run([PY, tool, *args, "--image-size", "64"], timeout=120)
+    # one host: 8 images in 0.1 s. The model: the first bucket's all-reduce from 70 to 170 ms, the
+    # second's from 170 to 270 ms: 16 images in 0.27 s. No overlap: 0.1 + 0.2 s. (Where the hosts'
+    # processes outnumber the cores, each host computes at cores / processes of one's speed.)
+    slower = max(1.0, 2 / os.cpu_count())
+    model = scaling_model.step_time(
+        scaling_model.calibrated(prof, 0.1 * slower), flat_link(1e7), 2, 1
+    )
+    if slower == 1.0:
+        assert model["step_s"] == pytest.approx(0.27), model
+    assert model["no_overlap_step_s"] == pytest.approx(0.1 * slower + 0.2), model
+    table = {
+        (r["row"], r["rate"]): r for r in csv.DictReader(open(tmp_path / "benchmark-network.csv"))
+    }
+    r = table[("distributed", SLOW)]
+    assert float(r["no_overlap_images_per_s"]) == pytest.approx(16 / (0.1 * slower + 0.2), rel=1e-3)
+    errors = [100 * (16 / model[k] - 50) / 50 for k in ("step_s", "no_overlap_step_s")]
+    assert float(r["model_error_pct"]) == pytest.approx(errors[0], rel=1e-3)
+    assert float(r["no_overlap_error_pct"]) == pytest.approx(errors[1], rel=1e-3)
+    md = (tmp_path / "benchmark-network.md").read_text()
+    cells = [f"{16 / model['step_s']:.2f}", f"{errors[0]:.0f}%"]
+    cells += [f"{16 / model['no_overlap_step_s']:.2f}", f"{errors[1]:.0f}%"]
+    assert f"| distributed | {SLOW} | 2 | 50.00 | {' | '.join(cells)} |" in md, md
+    assert (
+        f"- the 1 DDP rows that overlap (not the one-bucket ones): mean |error| "
+        f"{abs(errors[0]):.1f}% the model, {abs(errors[1]):.1f}% no overlap"
+    ) in md, md
