@@ -569,7 +569,7 @@ def test_scaling_model_bad_input_is_one_line(tmp_path):
         (
             ["predict", "-a", "resnet50", "--images-per-s", "2470", "--link", "1gbit"]
             + ["--link-efficiency", "5"],
-            "--link-efficiency: must be above 0 and at most 1, not 5",
+            "--link-efficiency (busbw / rate) at most 1",
         ),
         # torchvision's ViT asserts its image size (an AssertionError, not a RuntimeError)
         (
@@ -602,7 +602,7 @@ def test_models_with_auxiliary_outputs_are_profiled_and_counted(tmp_path):
 def test_the_network_report_sets_the_no_overlap_baseline_beside_each_prediction(tmp_path):
     """benchmark_report.py --network on runs written here: each modelled row's images/s from the
     model, and from the baseline that hides nothing (the one-host step plus the same all-reduces),
-    each with its error against the measured, and their mean errors."""
+    each with its error against the measured."""
     runs = tmp_path / "runs-network"
     lines = []
     for rate, ips in (("1 host", 80.0), (SLOW, 50.0)):
@@ -647,7 +647,3 @@ def test_the_network_report_sets_the_no_overlap_baseline_beside_each_prediction(
     cells = [f"{16 / model['step_s']:.2f}", f"{errors[0]:.0f}%"]
     cells += [f"{16 / model['no_overlap_step_s']:.2f}", f"{errors[1]:.0f}%"]
     assert f"| distributed | {SLOW} | 2 | 50.00 | {' | '.join(cells)} |" in md, md
-    assert (
-        f"- the 1 DDP rows that overlap (not the one-bucket ones): mean |error| "
-        f"{abs(errors[0]):.1f}% the model, {abs(errors[1]):.1f}% no overlap"
-    ) in md, md

@@ -801,9 +801,9 @@ def predict(r, ref, profiles, links, cores, loader_ips):
     r["comm_per_compute"] = pred["comm_s"] / alone
     r["comm_per_backward"] = pred["comm_s"] / prof["backward_s"]
     r["no_overlap_images_per_s"] = pred["no_overlap_images_per_s"]
-    if r["images_per_s"]:
-        r["model_error_pct"] = error_pct(pred["images_per_s"], r["images_per_s"])
-        r["no_overlap_error_pct"] = error_pct(pred["no_overlap_images_per_s"], r["images_per_s"])
+    measured = r["images_per_s"]
+    for key, ips in (("model", pred["images_per_s"]), ("no_overlap", r["no_overlap_images_per_s"])):
+        r[f"{key}_error_pct"] = 100 * (ips - measured) / measured if measured else None
     words = ["python", "tools/scaling_model.py", "predict", "--profile", profile["path"]]
     words += ["--allreduce", ",".join(link["paths"]), "--nodes", str(r["hosts"])]
     words += ["--alone-step", f"{alone:g}"]
@@ -813,10 +813,6 @@ def predict(r, ref, profiles, links, cores, loader_ips):
     words += ["--bucket-cap-mb", str(ONE_BUCKET_MB)] if r["onebucket"] else []
     words += ["--strategy", strategy] if strategy != "ddp" else []
     r["predict_command"] = as_typed(" ".join(words))
-
-
-def error_pct(predicted, measured):
-    return 100 * (predicted - measured) / measured
 
 
 def network_checks(net):
@@ -863,26 +859,6 @@ def network_checks(net):
             ok, text = worst[0] <= bar, f"worst {worst[0]:.0f}% ({worst[1]}) of {len(errs)}"
         check(f"model {strategy}", what, f"<= {bar:.0f}%", "", ok, text)
     return checks
-
-
-def overlap_gain_lines(modeled):
-    """What the overlap adds: the mean error of the model and of no overlap, where they differ."""
-    ddp = [r for r in modeled if MODELED[r["backend"]] == "ddp" and not r["onebucket"]]
-    ddp = [r for r in ddp if r["model_error_pct"] is not None]
-    short = [r for r in ddp if r["comm_per_backward"] < 1]
-    lines = []
-    for what, rows in (
-        ("DDP rows that overlap (not the one-bucket ones)", ddp),
-        ("of them where the communication is shorter than the backward pass", short),
-    ):
-        if rows:
-            model = sum(abs(r["model_error_pct"]) for r in rows) / len(rows)
-            alone = sum(abs(r["no_overlap_error_pct"]) for r in rows) / len(rows)
-            lines.append(
-                f"- the {len(rows)} {what}: mean |error| {model:.1f}% the model, {alone:.1f}% no "
-                "overlap"
-            )
-    return lines or ["- no DDP row that overlaps was modelled"]
 
 
 def network_link_lines(net):
@@ -1002,7 +978,6 @@ def network_model_lines(net):
         cells += [fmt(r["no_overlap_images_per_s"], 2), f"{fmt(r['no_overlap_error_pct'], 0)}%"]
         cells += [f"{r['comm_per_compute']:.2f}", f"{r['comm_per_backward']:.2f}"]
         lines.append(md_row(cells))
-    lines += ["", *overlap_gain_lines(modeled)]
     lines += [
         "",
         "## Overlap: the communication the backward pass hides",

@@ -481,8 +481,8 @@ def cmd_predict(args):
     # the cheap checks first: a given profile takes seconds to count
     if args.accum < 1 or args.gpus_per_node < 1 or min(args.nodes) < 1:
         fail("--accum, --gpus-per-node and --nodes must be at least 1")
-    if args.latency_us < 0:
-        fail("--latency-us must not be negative")
+    if args.latency_us < 0 or args.link_efficiency > 1:
+        fail("--latency-us must not be negative, --link-efficiency (busbw / rate) at most 1")
     intra = args.intra_busbw * 1e9 if args.intra_busbw else None
     try:
         links = [Link.measured(paths.split(","), intra) for paths in args.allreduce or []]
@@ -556,12 +556,6 @@ def comma_list(kind, name, choices=()):
     return parse
 
 
-def fraction(text):
-    if not 0 < float(text) <= 1:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, not {text}")
-    return float(text)
-
-
 def positive(text):
     if float(text) <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, not {text}")
@@ -598,7 +592,7 @@ def main():
     add("--num-classes", type=int, default=1000, help="given: classes (1000)")
     add("--allreduce", action="append", metavar="JSON,...", help="a link allreduce_bench measured")
     add("--link", type=comma_list(str, "--link"), help="rates, e.g. 25gbit,100gbit")
-    add("--link-efficiency", type=fraction, default=1.0, help="with --link: busbw / rate (1)")
+    add("--link-efficiency", type=positive, default=1.0, help="with --link: busbw / rate (1)")
     add("--latency-us", type=float, default=0.0, help="with --link: a ring step's latency (0)")
     add("--intra-busbw", type=positive, metavar="GB/s", help="busbw within a node")
     add("--nodes", type=comma_list(int, "--nodes"), default=[2])
