@@ -229,6 +229,34 @@ def test_allreduce_bench_reports_busbw_as_nccl_tests_does(tmp_path):
         assert fit["busbw_Bps"] > 0 and fit["alpha_s"] >= 0, (op, fit)
 
 
+def test_allreduce_bench_times_fsdps_collectives_with_the_oldest_torchs_names(tmp_path):
+    """torch 2.13 named the single-tensor all-gather and reduce-scatter all_gather_single and
+    reduce_scatter_single; torch 2.7, the oldest requirements.txt allows, has only
+    all_gather_into_tensor and reduce_scatter_tensor. The bench, run with the new names taken
+    away, times both collectives."""
+    tool = os.path.join(ROOT, "tools", "allreduce_bench.py")
+    old = tmp_path / "old_torch.py"
+    old.write_text(
+        "import runpy, sys, torch.distributed as dist\n"
+        "for name in ('all_gather_single', 'reduce_scatter_single'):\n"
+        "    if hasattr(dist, name):\n"
+        "        delattr(dist, name)\n"
+        f"sys.argv[0] = {tool!r}\n"
+        f"runpy.run_path({tool!r}, run_name='__main__')\n"
+    )
+    out = tmp_path / "ar.json"
+    p = run(
+        [os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node=2", str(old)]
+        + ["-b", "64K", "-e", "64K", "--seconds", "0.1", "--json", str(out)]
+        + ["--op", "all_gather,reduce_scatter"],
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    bench = json.loads(out.read_text())
+    for op in ("all_gather", "reduce_scatter"):
+        assert bench["ops"][op]["rows"][0]["time_s"] > 0, bench["ops"][op]
+
+
 def test_allreduce_bench_outside_torchrun_says_so_in_one_line():
     e = dict(os.environ)
     e.pop("RANK", None), e.pop("WORLD_SIZE", None)
@@ -314,6 +342,9 @@ def test_the_model_hides_what_overlaps_and_scales_compression_and_accumulation()
     fast, slow = flat_link(1000 * MB), flat_link(10 * MB)  # 20 ms, 2 s for all
     hidden = scaling_model.step_time(prof, fast, 2, 1)
     assert hidden["step_s"] == pytest.approx(0.3) and hidden["efficiency"] == pytest.approx(1.0)
+    # the baseline beside it hides nothing: the step alone, then the 20 ms of all-reduces
+    assert hidden["no_overlap_step_s"] == pytest.approx(0.32)
+    assert hidden["no_overlap_images_per_s"] == pytest.approx(2 * 8 / 0.32)
     bound = scaling_model.step_time(prof, slow, 2, 1)
     assert bound["step_s"] == pytest.approx(0.1 + 0.01 + 2.0)
     assert bound["comm_s"] == pytest.approx(2.0)
@@ -354,14 +385,18 @@ def test_fsdp_adds_its_gathers_in_both_passes_and_its_reduce_scatters():
 
 
 def test_latency_grows_with_the_ring_steps(tmp_path):
-    """alpha(n) = base + 2(n-1) x hop: hop fitted from the all-reduce's latency at several process
+    """alpha(n) = base + steps x hop, a ring's steps: 2(n-1) for an all-reduce, n-1 for an
+    all-gather or a reduce-scatter; hop fitted from the all-reduce's latency at several process
     counts (its time at the smallest size less that size's bytes), or alpha / steps from one."""
     busbw, hop, paths = 100 * MB, 0.5e-3, []
     for n in (2, 3, 4):
         latency = 1e-3 + 2 * (n - 1) * hop + 4096 * 2 * (n - 1) / n / busbw
         fit = dict(alpha_s=3e-3 + 2 * (n - 1) * hop, busbw_Bps=busbw)
         rows = [dict(bytes=4096, time_s=latency)]
-        bench = dict(backend="gloo", world_size=n, ops=dict(all_reduce=dict(rows=rows, fit=fit)))
+        ops = dict(all_reduce=dict(rows=rows, fit=fit))
+        if n == 2:  # as start.sh measures FSDP's collectives: at the fewest hosts
+            ops["all_gather"] = dict(rows=rows, fit=dict(alpha_s=2e-3 + hop, busbw_Bps=busbw))
+        bench = dict(backend="gloo", world_size=n, ops=ops)
         paths.append(tmp_path / f"ar{n}.json")
         paths[-1].write_text(json.dumps(bench))
     link = scaling_model.Link.measured(paths)
@@ -369,6 +404,8 @@ def test_latency_grows_with_the_ring_steps(tmp_path):
     for n in (2, 3, 4, 16):  # at 2 processes: the bench's own fit
         expected = 3e-3 + 2 * (n - 1) * hop + 10 * MB * 2 * (n - 1) / n / busbw
         assert link.time("all_reduce", 10 * MB, n, 1) == pytest.approx(expected), n
+        expected = 2e-3 + (n - 1) * hop + 10 * MB * (n - 1) / n / busbw
+        assert link.time("all_gather", 10 * MB, n, 1) == pytest.approx(expected), n
     alone = scaling_model.Link.measured(paths[:1])  # the latency grows in proportion to the steps
     assert alone.hop_s == pytest.approx((1e-3 + 2 * hop) / 2)
     assert alone.time("all_reduce", 0.1, 4, 1) == pytest.approx(
@@ -376,8 +413,57 @@ def test_latency_grows_with_the_ring_steps(tmp_path):
     )
     given = scaling_model.Link.rate("80mbit", hop_s=5e-6)  # 10 MB/s
     assert given.time("all_gather", 10 * MB, 4, 1) == pytest.approx(
-        6 * 5e-6 + 10 * MB * 3 / 4 / (10 * MB)
+        3 * 5e-6 + 10 * MB * 3 / 4 / (10 * MB)
     )
+    assert given.time("reduce_scatter", 10 * MB, 4, 1) == pytest.approx(
+        3 * 5e-6 + 10 * MB * 3 / 4 / (10 * MB)
+    )
+    assert given.time("all_reduce", 10 * MB, 4, 1) == pytest.approx(
+        6 * 5e-6 + 10 * MB * 6 / 4 / (10 * MB)
+    )
+
+
+def bench_file(folder, n, latency_s, alpha_s, gbit):
+    """A tools/allreduce_bench.py --json of the all-reduce across n processes: its time at 4 KiB,
+    its fit."""
+    rows = [dict(bytes=4096, time_s=latency_s)]
+    fit = dict(alpha_s=alpha_s, busbw_Bps=gbit * 1e9 / 8)
+    bench = dict(backend="gloo", world_size=n, ops=dict(all_reduce=dict(rows=rows, fit=fit)))
+    path = folder / f"ar{n}.json"
+    path.write_text(json.dumps(bench))
+    return str(path)
+
+
+def tiny_profile(folder):
+    """A profile as `scaling_model.py profile` writes it: one 1 MB bucket, ready at the end."""
+    grads = [dict(bytes=1e6, ready_s=0.2)]
+    prof = dict(source="test", arch="test", image_size=32, batch=8, num_classes=10, threads=1)
+    prof.update(forward_s=0.1, backward_s=0.2, optimizer_s=0.0, compress_s_per_byte=0.0)
+    prof.update(param_bytes=1e6, params=grads, buckets=[scaling_model.bucket(grads, [0])])
+    path = folder / "prof.json"
+    path.write_text(json.dumps(dict(prof, fsdp_groups=[1e6])))
+    return str(path)
+
+
+def test_a_link_measured_across_more_processes_predicts_no_fewer(tmp_path):
+    """The 1 Gbit/s link of results/benchmark-network.md measured across 3 and 4 hosts only: its
+    latency line (2(n-1) x ~1.6 ms from 3.45 and 6.64 ms at 4 KiB) extrapolated down to 2 hosts gave
+    a 4 KiB all-reduce -2.7 ms. Fewer processes than measured is one error line; more is predicted,
+    never below the fewest's latency."""
+    paths = [bench_file(tmp_path, 3, 3.45e-3, 0.43e-3, 0.959)]
+    paths.append(bench_file(tmp_path, 4, 6.64e-3, 1.46e-3, 0.947))
+    link = scaling_model.Link.measured(paths)
+    with pytest.raises(ValueError, match="measured across 3 processes or more, not 2"):
+        link.time("all_reduce", 4096, 2, 1)
+    for n in (3, 4, 8):
+        assert link.time("all_reduce", 4096, n, 1) >= 0.43e-3, n
+    tool = os.path.join(ROOT, "tools", "scaling_model.py")
+    args = ["predict", "--profile", tiny_profile(tmp_path), "--allreduce", ",".join(paths)]
+    p = subprocess.run(
+        [PY, tool, *args, "--nodes", "2"], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 2 and len(error_lines(p.stderr)) == 1, (p.stdout, p.stderr)
+    assert "cannot predict" in p.stderr and "not 2: measure it across 2" in p.stderr, p.stderr
 
 
 def test_alone_step_scales_the_ready_times_a_new_bucket_cap_is_made_from():
@@ -394,6 +480,19 @@ def test_alone_step_scales_the_ready_times_a_new_bucket_cap_is_made_from():
     assert step["step_s"] == pytest.approx(3.1) and step["efficiency"] == pytest.approx(3.0 / 3.1)
     same = scaling_model.calibrated(scaling_model.rebucket(prof, 5), 3.0)  # either order
     assert same["buckets"] == pytest.approx(slower["buckets"])
+
+
+def test_alone_step_scales_the_cast_to_bf16_with_the_rest_of_the_step():
+    """--compression bf16 casts each bucket on the backward's core: the profile's cast time per byte
+    is scaled to the measured step as its forward and backward are."""
+    params = [dict(bytes=10 * MB, ready_s=0.2)]
+    prof = dict(forward_s=0.1, backward_s=0.2, optimizer_s=0.0, compress_s_per_byte=1e-9, batch=8)
+    prof.update(params=params, buckets=[scaling_model.bucket(params, [0])])
+    slower = scaling_model.calibrated(prof, 3.0)  # 10x slower
+    assert slower["compress_s_per_byte"] == pytest.approx(1e-8)
+    # forward 1 s, backward 2 s, then the cast of 10 MB (0.1 s), then 5 MB at 100 MB/s (0.05 s)
+    step = scaling_model.step_time(slower, flat_link(100 * MB), 2, 1, compression="bf16")
+    assert step["step_s"] == pytest.approx(3.0 + 0.1 + 0.05)
 
 
 def test_a_published_rate_gives_every_parameter_a_ready_time():
@@ -467,6 +566,16 @@ def test_scaling_model_bad_input_is_one_line(tmp_path):
             "'zip' is not none, bf16 or fp16",
         ),
         (["profile", "-a", "nosuchnet"], "unknown model 'nosuchnet'"),
+        (
+            ["predict", "-a", "resnet50", "--images-per-s", "2470", "--link", "1gbit"]
+            + ["--link-efficiency", "5"],
+            "--link-efficiency (busbw / rate) at most 1",
+        ),
+        # torchvision's ViT asserts its image size (an AssertionError, not a RuntimeError)
+        (
+            ["profile", "-a", "vit_b_16", "--image-size", "64", "--batch", "1"],
+            "cannot run vit_b_16 at 64 px, batch 1: Wrong image height!",
+        ),
     ]
     for args, message in cases:
         p = subprocess.run([PY, tool, *args], capture_output=True, text=True, timeout=120)
@@ -474,3 +583,67 @@ def test_scaling_model_bad_input_is_one_line(tmp_path):
             args,
             p.stderr,
         )
+
+
+def test_models_with_auxiliary_outputs_are_profiled_and_counted(tmp_path):
+    """googlenet returns its auxiliary outputs with its logits in training: the profile's step takes
+    the scripts' loss over them all, and the count of a published rate their FLOPs."""
+    tool = os.path.join(ROOT, "tools", "scaling_model.py")
+    out = tmp_path / "prof.json"
+    args = ["-a", "googlenet", "--image-size", "32", "--batch", "2", "--num-classes", "10"]
+    run([PY, tool, "profile", *args, "--out", str(out)], timeout=300)
+    prof = json.loads(out.read_text())
+    assert prof["backward_s"] > 0 and len(prof["buckets"]) > 1, prof["buckets"]
+    given = ["-a", "googlenet", "--images-per-s", "100", "--batch", "8", "--link", "1gbit"]
+    p = run([PY, tool, "predict", *given, "--markdown"], timeout=300)
+    assert re.search(r"^\| 1gbit \| 2 x 1 \| ddp \|", p.stdout, re.M), p.stdout
+
+
+def test_the_network_report_sets_the_no_overlap_baseline_beside_each_prediction(tmp_path):
+    """benchmark_report.py --network on runs written here: each modelled row's images/s from the
+    model, and from the baseline that hides nothing (the one-host step plus the same all-reduces),
+    each with its error against the measured."""
+    runs = tmp_path / "runs-network"
+    lines = []
+    for rate, ips in (("1 host", 80.0), (SLOW, 50.0)):
+        folder = runs / ("1host" if rate == "1 host" else rate) / "distributed"
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text(json.dumps(dict(train_images_per_s=ips)) + "\n")
+        lines.append("\t".join(["distributed", rate, "distributed", "ok", "2", "1", "0", "9", "x"]))
+    (runs / "manifest.tsv").write_text("\n".join(lines) + "\n")
+    # the all-reduce at 2 hosts: 10 MB/s of bus bandwidth, 0.1 s a 1 MB bucket
+    rows = [dict(bytes=4096, time_s=4e-4, sent_bytes=4096, busbw_Bps=1e7)]
+    fit = dict(alpha_s=0.0, busbw_Bps=1e7)
+    bench = dict(backend="gloo", world_size=2, ops=dict(all_reduce=dict(rows=rows, fit=fit)))
+    (runs / f"allreduce-{SLOW}-n2.json").write_text(json.dumps(bench))
+    # forward 40 ms, backward 60 ms; two 1 MB buckets ready 30 and 60 ms into the backward
+    grads = [dict(bytes=1e6, ready_s=0.03), dict(bytes=1e6, ready_s=0.06)]
+    prof = dict(source="test", arch="resnet18", image_size=64, batch=8, compress_s_per_byte=0.0)
+    prof.update(forward_s=0.04, backward_s=0.06, optimizer_s=0.0, param_bytes=2e6, params=grads)
+    prof.update(buckets=[scaling_model.bucket(grads, [i]) for i in (0, 1)], fsdp_groups=[2e6])
+    (runs / "profile-64.json").write_text(json.dumps(prof))
+    tool = os.path.join(ROOT, "tools", "benchmark_report.py")
+    args = ["--network", "--results", str(tmp_path), "--hosts", "2", "--batch", "16"]
+    run([PY, tool, *args, "--image-size", "64"], timeout=120)
+    # one host: 8 images in 0.1 s. The model: the first bucket's all-reduce from 70 to 170 ms, the
+    # second's from 170 to 270 ms: 16 images in 0.27 s. No overlap: 0.1 + 0.2 s. (Where the hosts'
+    # processes outnumber the cores, each host computes at cores / processes of one's speed.)
+    slower = max(1.0, 2 / os.cpu_count())
+    model = scaling_model.step_time(
+        scaling_model.calibrated(prof, 0.1 * slower), flat_link(1e7), 2, 1
+    )
+    if slower == 1.0:
+        assert model["step_s"] == pytest.approx(0.27), model
+    assert model["no_overlap_step_s"] == pytest.approx(0.1 * slower + 0.2), model
+    table = {
+        (r["row"], r["rate"]): r for r in csv.DictReader(open(tmp_path / "benchmark-network.csv"))
+    }
+    r = table[("distributed", SLOW)]
+    assert float(r["no_overlap_images_per_s"]) == pytest.approx(16 / (0.1 * slower + 0.2), rel=1e-3)
+    errors = [100 * (16 / model[k] - 50) / 50 for k in ("step_s", "no_overlap_step_s")]
+    assert float(r["model_error_pct"]) == pytest.approx(errors[0], rel=1e-3)
+    assert float(r["no_overlap_error_pct"]) == pytest.approx(errors[1], rel=1e-3)
+    md = (tmp_path / "benchmark-network.md").read_text()
+    cells = [f"{16 / model['step_s']:.2f}", f"{errors[0]:.0f}%"]
+    cells += [f"{16 / model['no_overlap_step_s']:.2f}", f"{errors[1]:.0f}%"]
+    assert f"| distributed | {SLOW} | 2 | 50.00 | {' | '.join(cells)} |" in md, md

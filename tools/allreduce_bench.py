@@ -176,13 +176,17 @@ def measure(op, args, world, device, show):
     import torch
     import torch.distributed as dist
 
+    # torch 2.13 renamed the single-tensor forms (the old names warn there); 2.7 has the old only
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
     def run(x, out):
         if op == "all_reduce":
             dist.all_reduce(x)
         elif op == "all_gather":
-            dist.all_gather_single(out, x)
+            gather(out, x)
         else:
-            dist.reduce_scatter_single(out, x)
+            scatter(out, x)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 

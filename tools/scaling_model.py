@@ -121,7 +121,10 @@ def measure_profile(arch, image_size, batch, num_classes, threads, steps=5, warm
         times = []  # per step: forward, backward, optimizer, each gradient's ready time
         for step in range(warmup + steps):
             t0 = time.perf_counter()
-            loss = F.cross_entropy(ddp(x), y)
+            outs = main_and_aux(ddp(x))
+            # the scripts' loss: inception_v3's and googlenet's auxiliary outputs weighted as theirs
+            aux = sum((0.4 if len(outs) == 2 else 0.3) * F.cross_entropy(a, y) for a in outs[1:])
+            loss = F.cross_entropy(outs[0], y) + aux
             t1 = time.perf_counter()
             loss.backward()
             t2 = time.perf_counter()
@@ -162,6 +165,12 @@ def measure_profile(arch, image_size, batch, num_classes, threads, steps=5, warm
     )
 
 
+def main_and_aux(output):
+    """A model's outputs as a list, the main one first (googlenet and inception_v3 return a tuple
+    with their auxiliary outputs in training)."""
+    return [o for o in output if o is not None] if isinstance(output, tuple) else [output]
+
+
 def given_profile(arch, image_size, batch, num_classes, images_per_s):
     """A profile from a published rate, the step split by FLOPs (on the meta device): a module's
     share of the backward is its own forward FLOPs', the modules done in reverse order of first
@@ -179,10 +188,10 @@ def given_profile(arch, image_size, batch, num_classes, images_per_s):
     for m in names:
         m.register_forward_pre_hook(lambda m, _: order.append(names[m]))
     with FlopCounterMode(display=False) as counter:
-        out = model(x)
+        outs = main_and_aux(model(x))
         fwd_flops = counter.get_total_flops()
         counts = counter.get_flop_counts()  # of the forward, by module, its children included
-        out.sum().backward()
+        sum(o.sum() for o in outs).backward()
     bwd_flops = counter.get_total_flops() - fwd_flops
 
     def flops(name):
@@ -240,6 +249,7 @@ def calibrated(profile, alone_s, accum=1, data_s=0.0):
         forward_s=k * (data_s + profile["forward_s"]),
         backward_s=k * profile["backward_s"],
         optimizer_s=k * profile["optimizer_s"],
+        compress_s_per_byte=k * profile["compress_s_per_byte"],  # the cast runs on the same core
         buckets=scaled(profile["buckets"]),
         params=scaled(profile["params"]),
         calibration=k,
@@ -267,6 +277,12 @@ def parse_rate(text):
     return float(m.group(1)) * {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}[m.group(2).lower()] / 8
 
 
+def ring_steps(op, n):
+    """The steps of a ring over n processes: n - 1 for an all-gather or a reduce-scatter, twice
+    that for an all-reduce (a reduce-scatter, then an all-gather)."""
+    return (2 if op == "all_reduce" else 1) * (n - 1)
+
+
 def hop_latency(points):
     """A ring step's latency from (steps, alpha) pairs: the least-squares slope (not below 0), or
     alpha / steps from one pair."""
@@ -277,10 +293,12 @@ def hop_latency(points):
 
 class Link:
     """A node's link: ops {collective: (base seconds, busbw bytes/s)}, hop_s a ring step's latency,
-    intra_busbw bytes/s within a node."""
+    intra_busbw bytes/s within a node; fewest: the fewest processes it was measured across, if it
+    was (its latency at fewer is not known: extrapolated down, it can fall below zero)."""
 
-    def __init__(self, name, ops, hop_s=0.0, intra_busbw=None):
+    def __init__(self, name, ops, hop_s=0.0, intra_busbw=None, fewest=None):
         self.name, self.ops, self.hop_s, self.intra_busbw = name, ops, hop_s, intra_busbw
+        self.fewest = fewest
 
     @classmethod
     def rate(cls, rate, efficiency=1.0, hop_s=0.0, intra_busbw=None):
@@ -305,17 +323,17 @@ class Link:
             row = benches[n]["ops"]["all_reduce"]["rows"][0]
             return row["time_s"] - row["bytes"] * bus_factor("all_reduce", n) / busbw
 
-        hop = hop_latency([(2 * (n - 1), latency(n)) for n in sorted(benches)])
-        steps = 2 * (first["world_size"] - 1)
+        hop = hop_latency([(ring_steps("all_reduce", n), latency(n)) for n in sorted(benches)])
+        fewest = first["world_size"]
         ops = {
-            op: (r["fit"]["alpha_s"] - steps * hop, r["fit"]["busbw_Bps"])
+            op: (r["fit"]["alpha_s"] - ring_steps(op, fewest) * hop, r["fit"]["busbw_Bps"])
             for op, r in first["ops"].items()
         }
         name = (
             f"{os.path.basename(first['path'])}: {first['backend']}, {first['world_size']} "
             f"processes, busbw {busbw * 8 / 1e9:.3f} Gbit/s, hop {hop * 1e3:.2f} ms"
         )
-        return cls(name, ops, hop, intra_busbw)
+        return cls(name, ops, hop, intra_busbw, fewest)
 
     def time(self, op, nbytes, nodes, per_node):
         n = nodes * per_node
@@ -323,6 +341,11 @@ class Link:
             return 0.0
         if op not in self.ops:
             raise ValueError(f"{self.name}: no {op} measured (tools/allreduce_bench.py --op {op})")
+        if self.fewest and n < self.fewest:
+            raise ValueError(
+                f"{self.name}: measured across {self.fewest} processes or more, not {n}: measure "
+                f"it across {n} (tools/allreduce_bench.py)"
+            )
         base, busbw = self.ops[op]
         if nodes == 1:
             if self.intra_busbw is None:
@@ -330,7 +353,7 @@ class Link:
             busbw = self.intra_busbw
         elif per_node > 1 and self.intra_busbw:
             busbw = min(busbw, self.intra_busbw)
-        return base + 2 * (n - 1) * self.hop_s + nbytes * bus_factor(op, n) / busbw
+        return base + ring_steps(op, n) * self.hop_s + nbytes * bus_factor(op, n) / busbw
 
 
 # ---- the step ----
@@ -365,9 +388,12 @@ def fsdp_step_time(profile, link, nodes, per_node, compression="none", accum=1, 
 
 
 def result(profile, alone, step, comm, micro_batches):
+    """What a step model gives, beside the baseline that hides nothing: alone, then communicate."""
     images = micro_batches * profile["batch"]
     return dict(
         step_s=step,
+        no_overlap_step_s=alone + comm,
+        no_overlap_images_per_s=images / (alone + comm),
         alone_s=alone,
         comm_s=comm,
         exposed_s=step - alone,
@@ -396,8 +422,8 @@ def cmd_profile(args):
         prof = measure_profile(
             args.arch, args.image_size, args.batch, args.num_classes, args.threads
         )
-    except RuntimeError as e:  # an image too small for the model, out of memory
-        first = str(e).strip().splitlines()[0]
+    except Exception as e:  # too small an image (a RuntimeError, vit's AssertionError), memory
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         fail(f"cannot run {args.arch} at {args.image_size} px, batch {args.batch}: {first}")
     if args.out:
         with open(args.out, "w") as f:
@@ -446,8 +472,8 @@ def load_profile(args):
         return given_profile(
             args.arch, args.image_size, args.batch, args.num_classes, args.images_per_s
         )
-    except (ValueError, RuntimeError) as e:  # an unknown model, an image too small for it
-        first = str(e).strip().splitlines()[0]
+    except Exception as e:  # an unknown model, an image too small for it
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         fail(f"cannot count {args.arch} at {args.image_size} px: {first}")
 
 
@@ -455,8 +481,8 @@ def cmd_predict(args):
     # the cheap checks first: a given profile takes seconds to count
     if args.accum < 1 or args.gpus_per_node < 1 or min(args.nodes) < 1:
         fail("--accum, --gpus-per-node and --nodes must be at least 1")
-    if args.latency_us < 0:
-        fail("--latency-us must not be negative")
+    if args.latency_us < 0 or args.link_efficiency > 1:
+        fail("--latency-us must not be negative, --link-efficiency (busbw / rate) at most 1")
     intra = args.intra_busbw * 1e9 if args.intra_busbw else None
     try:
         links = [Link.measured(paths.split(","), intra) for paths in args.allreduce or []]
@@ -494,18 +520,22 @@ def cmd_predict(args):
         )
         print("# links: " + "; ".join(dict.fromkeys(link.name for link in links)))
     print(
-        "| link | nodes x GPUs | strategy | compression | accum | step (ms) "
-        "| communication (ms) | not hidden (ms) | images/s | efficiency |"
+        "| link | nodes x GPUs | strategy | compression | accum | step (ms) | communication (ms) "
+        "| not hidden (ms) | images/s | efficiency | images/s, nothing hidden |"
     )
-    print("|---|--:|---|---|--:|--:|--:|--:|--:|--:|")
+    print("|---|--:|---|---|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
         print(
             f"| {r['link'].name.split(' ')[0].rstrip(':')} | {r['nodes']} x {args.gpus_per_node} | "
             f"{r['strategy']} | {r['compression']} | {args.accum} | {r['step_s'] * 1e3:.1f} | "
             f"{r['comm_s'] * 1e3:.1f} | {r['exposed_s'] * 1e3:.1f} | "
-            f"{r['images_per_s']:,.{0 if r['images_per_s'] >= 100 else 2}f} | "
-            f"{100 * r['efficiency']:.1f}% |"
+            f"{ips(r['images_per_s'])} | "
+            f"{100 * r['efficiency']:.1f}% | {ips(r['no_overlap_images_per_s'])} |"
         )
+
+
+def ips(images_per_s):
+    return f"{images_per_s:,.{0 if images_per_s >= 100 else 2}f}"
 
 
 def comma_list(kind, name, choices=()):
