@@ -365,6 +365,7 @@ def main_worker(local_rank, rank, world_size, args):
 
 
 def train_and_evaluate(args, device, local_rank, rank, world_size):
+    resume = agreed_resume(args, rank, world_size, device)  # before minutes of listing images
     args.amp, args.channels_last, why = choose_precision(args, device)
     if args.deterministic:  # kernels without a deterministic version (a few on CUDA) warn, not fail
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for it
@@ -392,8 +393,6 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
     optimizer = build_optimizer(model, args, device)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
     start_epoch, best_acc1, start_sample = args.start_epoch, 0.0, 0
-    resume = os.path.join(args.output_dir, "checkpoint.pth.tar")
-    resume = resume if args.auto_resume and os.path.isfile(resume) else args.resume
     if resume:
         start_epoch, best_acc1, start_sample = load_checkpoint(
             resume, model, optimizer, scaler, args, num_classes, len(train_set)
@@ -1004,8 +1003,8 @@ def run(worker, *worker_args):
         return worker(*worker_args)
     except UserError as e:  # raised in a loader worker, it comes inside a traceback: the message
         message, status = str(e).strip().splitlines()[-1].split("UserError: ", 1)[-1], 2
-    except dist.DistError as e:  # a peer that never came, or a port in use
-        message, status = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}", 1
+    except dist.DistError as e:  # a peer that never came, a port in use, NCCL's errors
+        message, status = dist_error_line(e), 1
     except RuntimeError as e:  # gloo reports a peer that died or went silent as a RuntimeError
         message, status = gloo_failure(str(e)), 1
         if message is None:
@@ -1074,8 +1073,6 @@ def check_args(args, world_size):
         raise UserError(
             "--sync-bn needs CUDA (PyTorch's SyncBatchNorm is GPU-only); use --norm group on CPU"
         )
-    if args.resume and not os.path.isfile(args.resume):
-        raise UserError(f"--resume: no checkpoint at {args.resume}")
     if not args.dummy:
         check_data(args.data)
     args.output_dir = args.output_dir or os.path.join("output", os.path.splitext(SCRIPT)[0])
@@ -1197,6 +1194,39 @@ def read_image(path):
         return torchvision.io.decode_image(data, mode=torchvision.io.ImageReadMode.RGB)
     except RuntimeError:
         return TF.pil_to_tensor(default_loader(path))
+
+
+def agreed_resume(args, rank, world_size, device):
+    """The checkpoint all processes resume from ("": none), one answer for all: how many processes
+    see --auto-resume's file and --resume's, added up. A file that some see and others do not (an
+    output folder on each node's own disk) would resume some and start others afresh: one line."""
+    auto = os.path.join(args.output_dir, "checkpoint.pth.tar") if args.auto_resume else ""
+    paths, flags = (auto, args.resume), ("--auto-resume", "--resume")
+    seen = all_reduce_sum(torch.tensor([float(os.path.isfile(p)) for p in paths], device=device))
+    for path, flag, count in zip(paths, flags, seen.tolist(), strict=True):
+        if count == world_size:
+            return path
+        if count:
+            report_once(rank)
+            where = "the output folder must be" if path == auto else "it must be on"
+            raise UserError(
+                f"{flag}: only {count:.0f} of {world_size} processes see {path}: {where} storage "
+                "that every node reads, for all to resume from it"
+            )
+    if args.resume:
+        report_once(rank)
+        raise UserError(f"--resume: no checkpoint at {args.resume}")
+    return ""
+
+
+def dist_error_line(e):
+    """A DistError in one line: its first, and NCCL's cause, the text after "Last error:" (e.g.
+    "Cuda failure 2 'out of memory'"), which comes lines later."""
+    first, *rest = str(e).strip().splitlines() or [""]
+    cause = "\n".join(rest).partition("Last error:")[2].strip().splitlines()[:1]
+    if cause and not cause[0].startswith("Exception raised from"):  # none given: C++'s trace
+        first += f" (last error: {cause[0].strip()})"
+    return f"{type(e).__name__}: {first}"
 
 
 # ---- end shared: training ----
