@@ -67,8 +67,7 @@ SCRIPT = os.path.basename(__file__)
 # ---- backend: Horovod, processes started by horovodrun ----
 # What every backend defines (the shared loop calls nothing else of it):
 #   main(): starts the processes, each in main_worker(local_rank, rank, world_size, args)
-#   init_distributed(args, rank, world_size, device): starts the process group, once the device is
-#   set (set_device)
+#   init_distributed(args, rank, world_size, device): the process group, on the device set
 #   distribute(model, optimizer, args, device) -> the model and optimizer to train with
 #   no_sync(model) -> a context in which backward() accumulates gradients, sending none
 #   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
@@ -166,6 +165,7 @@ def main_worker(local_rank, rank, world_size, args):
 
 def train_and_evaluate(args, device, local_rank, rank, world_size):
     """The data, the model wrapped for the backend, then the epochs: train, evaluate, checkpoint."""
+    checkpoint = agreed_resume(args, rank, world_size, device)  # before minutes of listing images
     loaders = load_data(args, device, local_rank, rank, world_size)
     train_loader, val_loader, num_classes, note = loaders
     torch.manual_seed(args.seed)  # the same initial weights in every process, as in one process
@@ -176,7 +176,9 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
     optimizer = build_optimizer(model, args, device)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's loss scaling
     # where this run starts: {epoch, samples (of it trained), best_acc1}
-    start = resume(args, model, optimizer, scaler, num_classes, len(train_loader.dataset), device)
+    start = resume(
+        checkpoint, model, optimizer, scaler, args, num_classes, len(train_loader.dataset)
+    )
     bare_model = model  # evaluated and saved: the model before compiling and wrapping
     if args.compile:  # compile the inner model, then wrap it (PyTorch's advice for DDP)
         model = torch.compile(model)
@@ -801,8 +803,6 @@ def check_args(args, world_size):
         raise UserError(
             "--sync-bn needs CUDA (PyTorch's SyncBatchNorm is GPU-only); use --norm group on CPU"
         )
-    if args.resume and not os.path.isfile(args.resume):
-        raise UserError(f"--resume: no checkpoint at {args.resume}")
     if not args.dummy:
         check_data(args.data)
     args.output_dir = args.output_dir or os.path.join("output", os.path.splitext(SCRIPT)[0])
@@ -861,11 +861,32 @@ def seed_process(seed, rank, epoch):
     torch.manual_seed(seed)
 
 
-def resume(args, model, optimizer, scaler, num_classes, images, device):
-    """Loads --resume, or with --auto-resume the output folder's checkpoint if there is one: returns
-    where the run starts, {epoch, samples (of it trained), best_acc1}."""
-    path = os.path.join(args.output_dir, "checkpoint.pth.tar")
-    path = path if args.auto_resume and os.path.isfile(path) else args.resume
+def agreed_resume(args, rank, world_size, device):
+    """The checkpoint all processes resume from ("": none), one answer for all: how many processes
+    see --auto-resume's file and --resume's, added up. A file that some see and others do not (an
+    output folder on each node's own disk) would resume some and start others afresh: one line."""
+    auto = os.path.join(args.output_dir, "checkpoint.pth.tar") if args.auto_resume else ""
+    paths, flags = (auto, args.resume), ("--auto-resume", "--resume")
+    seen = all_reduce_sum(torch.tensor([float(os.path.isfile(p)) for p in paths], device=device))
+    for path, flag, count in zip(paths, flags, seen.tolist(), strict=True):
+        if count == world_size:
+            return path
+        if count:
+            report_once(rank)
+            where = "the output folder must be" if path == auto else "it must be on"
+            raise UserError(
+                f"{flag}: only {count:.0f} of {world_size} processes see {path}: {where} storage "
+                "that every node reads, for all to resume from it"
+            )
+    if args.resume:
+        report_once(rank)
+        raise UserError(f"--resume: no checkpoint at {args.resume}")
+    return ""
+
+
+def resume(path, model, optimizer, scaler, args, num_classes, images):
+    """Loads the checkpoint at `path` ("": none): returns where the run starts, {epoch, samples (of
+    it trained), best_acc1}."""
     if not path:
         return dict(epoch=args.start_epoch, samples=0, best_acc1=0.0)
     return load_checkpoint(path, model, optimizer, scaler, args, num_classes, images)
@@ -1135,14 +1156,24 @@ def run(worker, *worker_args):
         return worker(*worker_args)
     except UserError as e:  # raised in a loader worker, it comes inside a traceback: the message
         message, status = str(e).strip().splitlines()[-1].split("UserError: ", 1)[-1], 2
-    except dist.DistError as e:  # a peer that never came, or a port in use
-        message, status = f"{type(e).__name__}: {str(e).strip().splitlines()[0]}", 1
+    except dist.DistError as e:  # a peer that never came, a port in use, NCCL's errors
+        message, status = dist_error_line(e), 1
     except RuntimeError as e:  # gloo reports a peer that died or went silent as a RuntimeError
         message, status = gloo_failure(str(e)), 1
         if message is None:
             raise
     print(f"{SCRIPT}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(status)
+
+
+def dist_error_line(e):
+    """A DistError in one line: its first, and NCCL's cause, the text after "Last error:" (e.g.
+    "Cuda failure 2 'out of memory'"), which comes lines later."""
+    first, *rest = str(e).strip().splitlines() or [""]
+    cause = "\n".join(rest).partition("Last error:")[2].strip().splitlines()[:1]
+    if cause and not cause[0].startswith("Exception raised from"):  # none given: C++'s trace
+        first += f" (last error: {cause[0].strip()})"
+    return f"{type(e).__name__}: {first}"
 
 
 def gloo_failure(text):

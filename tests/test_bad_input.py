@@ -435,7 +435,8 @@ def test_slurm_script_names_an_unreadable_data_folder_not_the_rendezvous(tiny_da
 
 def test_missing_resume_checkpoint(tiny_data, tmp_path):
     fails(
-        single("--data", tiny_data, "--resume", str(tmp_path / "ck.pth.tar")),
+        single("--data", tiny_data, "--resume", str(tmp_path / "ck.pth.tar"))
+        + ["--output-dir", str(tmp_path / "o")],
         f"no checkpoint at {tmp_path / 'ck.pth.tar'}",
     )
 
@@ -607,6 +608,57 @@ def test_port_in_use_is_one_line_and_no_hang(failed_starts):
 
 def test_world_size_larger_than_the_launched_processes_times_out_with_one_line(failed_starts):
     assert_one_line_error(failed_starts["world_size_mismatch"], "1/2 clients joined")
+
+
+# ---- a collective's error keeps its cause ----
+
+# DistBackendErrors in the shape torch gives NCCL's (as bug reports record them): the cause comes
+# three lines after the first, after "Last error:", then C++'s trace; an asynchronous error may
+# give no cause at all
+NCCL_OUT_OF_MEMORY = (
+    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, unhandled cuda error "
+    "(run with NCCL_DEBUG=INFO for details), NCCL version 2.26.2\n"
+    "ncclUnhandledCudaError: Call to CUDA function failed.\n"
+    "Last error:\n"
+    "Cuda failure 2 'out of memory'\n"
+    "Exception raised from ncclCommInitRank at /pytorch/torch/csrc/distributed/c10d/"
+    "NCCLUtils.cpp:77 (most recent call first):\nframe #0: c10::Error::Error(...) + 0x98\n"
+)
+NCCL_NO_CAUSE = (
+    "NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version "
+    "2.25.1\nncclSystemError: System call (e.g. socket, malloc) or external library call failed "
+    "or device error. \nLast error:\n\nException raised from checkForNCCLErrorsInternal at "
+    "/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:2501 (most recent call first):\n"
+)
+
+
+@pytest.mark.parametrize(
+    "text,line",
+    [
+        (
+            NCCL_OUT_OF_MEMORY,
+            "DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/"
+            "NCCLUtils.cpp:77, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL "
+            "version 2.26.2 (last error: Cuda failure 2 'out of memory')",
+        ),
+        (
+            NCCL_NO_CAUSE,
+            "DistBackendError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for "
+            "details), NCCL version 2.25.1",
+        ),
+    ],
+    ids=["out-of-memory", "no-cause"],
+)
+def test_an_nccl_error_is_one_line_that_keeps_its_cause(text, line, capsys):
+    """The script's own run(), as it ends a process whose collective raised."""
+
+    def collective():
+        raise torch.distributed.DistBackendError(text)
+
+    with pytest.raises(SystemExit) as exit:
+        distributed.run(collective)
+    assert exit.value.code == 1
+    assert capsys.readouterr().err == f"distributed.py: error: {line}\n"
 
 
 # ---- the machine: an older torch, a full disk ----

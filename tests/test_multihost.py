@@ -10,7 +10,8 @@ Each multi-node run must end with the parameters of one process (`python distrib
 helpers.EXACT) and count every validation image once; the fault runs cut a host's link or kill
 all of a host's processes mid-epoch, and then the other host must give up within --dist-timeout
 with one line saying why, and the job resumed from its checkpoint must end where an
-uninterrupted run ends.
+uninterrupted run ends. Hosts that each write into an output folder of their own (no shared
+storage) must refuse to resume in one line, and resume exactly once the folder is shared.
 
 All runs are independent and mostly wait on each other, so the first test that needs one starts them
 all (Runs) and each test waits for its own; the one-process reference is helpers.reference_run, made
@@ -684,3 +685,88 @@ def test_a_lost_host_ends_the_job_in_bounded_time_and_the_resumed_job_matches(ru
     assert diff < PARAM_TOL, (
         f"resumed after a {kind}: differs from the uninterrupted run by {diff:.3g}"
     )
+
+
+# ---- resuming where each host has an output folder of its own ----
+
+# one epoch of FAULT's 8 steps; SIGUSR1 at its second step stops both processes mid-epoch
+ONE_EPOCH = [*FAULT, "--epochs", "1"]
+STOP_AT = "Epoch [0][2/"
+# A refused restart ends within REFUSAL_TIMEOUT, start-up included (~30-50 s on a loaded machine),
+# under its --dist-timeout: a process waiting in a collective cannot give up in time
+REFUSAL_TIMEOUT = 180
+REFUSAL_DIST = ["--dist-timeout", "300"]
+
+
+def training_pids(host, out):
+    """The training processes (not torchrun) on `host` of the job that writes into `out`."""
+    pids = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout
+    found = []
+    for pid in pids.split():
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+            if out in argv and not any(a.endswith("torchrun") for a in argv):
+                found.append(int(pid))
+    return found
+
+
+def test_auto_resume_from_a_folder_that_one_host_lacks_stops_in_one_line(
+    hosts, tiny_data, tmp_path, tmp_path_factory
+):
+    """Each host writes into a folder of its own, as nodes without shared storage do, so rank 0's
+    checkpoint is on node0 alone. Restarted with --auto-resume (or --resume of a file node1 lacks),
+    the job must stop before its first step, in one line naming the checkpoint, soon, on both hosts:
+    not resume on node0 while node1 starts afresh. With the folder shared, the same restart resumes
+    and ends where a run that never stopped ends."""
+    own = {host: str(tmp_path / host) for host in HOSTS}
+    ckpt = {host: os.path.join(out, "checkpoint.pth.tar") for host, out in own.items()}
+
+    def job(name, outs, extra, dist=DIST):
+        cmds = torchrun_nodes(name, "distributed.py", "-", tiny_data, [*ONE_EPOCH, *dist])
+        return {host: [*cmd[:-1], outs[host], *extra[host]] for host, cmd in cmds.items()}
+
+    def refused(name, extra, path):
+        cmds = job(name, own, extra, REFUSAL_DIST)
+        r = run_nodes(name, cmds, str(tmp_path), timeout=REFUSAL_TIMEOUT)
+        assert all(rc not in (0, "timeout") for rc in r.rcs), r.report()
+        log = "\n".join(r.logs)
+        ours = [line for line in log.splitlines() if line.startswith("distributed.py: error: ")]
+        assert len(ours) == 1, r.report()
+        assert f"only 1 of 2 processes see {path}:" in ours[0], r.report()
+        assert "storage that every node reads" in ours[0], r.report()
+        assert "Epoch [" not in log and "start epoch" not in log, r.report()  # nothing trained
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the run that never stops, meanwhile
+        straight = str(tmp_path_factory.mktemp("straight"))  # not under tmp_path: the tag below
+        cmd = [PY, script("distributed.py"), "--data", tiny_data, *ONE_EPOCH, "--output-dir"]
+        uninterrupted = pool.submit(
+            subprocess.run, [*cmd, straight], capture_output=True, text=True, env=env(), cwd=ROOT
+        )
+        t = time.monotonic()
+        nodes = [
+            Node(h, c) for h, c in job("stop", own, {h: ["--auto-resume"] for h in HOSTS}).items()
+        ]
+        try:
+            saw = nodes[0].wait_for(STOP_AT, t + TIMEOUT)
+            for pid in training_pids(HOSTS[1], own[HOSTS[1]]) if saw else []:
+                os.kill(pid, signal.SIGUSR1)
+            rcs = [n.finish(t + TIMEOUT) for n in nodes]
+        finally:
+            kill_tagged(str(tmp_path))
+        stopped = Result("stop", nodes, rcs, time.monotonic() - t)
+        assert saw and stopped.rcs == [0, 0], stopped.report()
+        assert "stopped on SIGUSR1 after sample" in stopped.logs[0], stopped.report()
+        assert os.path.isfile(ckpt["node0"]) and not os.path.exists(ckpt["node1"])
+
+        refused("auto", {h: ["--auto-resume"] for h in HOSTS}, ckpt["node0"])
+        refused("explicit", {h: ["--resume", ckpt[h]] for h in HOSTS}, ckpt["node0"])
+
+        shared = {host: own[HOSTS[0]] for host in HOSTS}
+        resumed = run_nodes(
+            "shared", job("shared", shared, {h: ["--auto-resume"] for h in HOSTS}), str(tmp_path)
+        ).check()
+        assert "start epoch 0 at sample " in resumed.logs[0], resumed.report()
+        p = uninterrupted.result(timeout=TIMEOUT)
+        assert p.returncode == 0, p.stderr[-3000:]
+    diff = max_param_diff(params(straight), params(own[HOSTS[0]]))
+    assert diff < PARAM_TOL, f"resumed from the shared folder: differs by {diff:.3g}"
