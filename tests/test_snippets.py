@@ -140,6 +140,8 @@ def run_in(folder, argv, environ, timeout=300):
 
 
 def kill_in(folder, p):
+    """SIGKILLs the launcher p's process group and every process whose working folder is
+    `folder`."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(p.pid, signal.SIGKILL)
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -251,9 +253,8 @@ def test_each_program_takes_its_device_from_torch_accelerator_and_its_gpu_first(
     for s in SNIPPETS.values():
         assert "torch.accelerator.current_accelerator(check_available=True)" in s.code, s.file
         assert "torch.cuda.is_available" not in s.code, s.file
-        if (
-            s.file == "train_dp.py"
-        ):  # one process: the current GPU, 0, is where DataParallel gathers
+        # DataParallel's one process stays on the current GPU, 0, where it gathers the outputs
+        if s.file == "train_dp.py":
             continue
         first = s.code.find("set_device_index(")
         assert first != -1, f"{s.file} never makes its GPU current"
