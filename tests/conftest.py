@@ -2,6 +2,13 @@
 tiny settings, shared runs, locks) is in helpers.py, whose docstring says how a new test stays
 correct and fast in parallel.
 
+Two runs: the default (`bash dev/test.sh`) proves every guarantee the README states, each at least
+once, in few processes; the full run (`bash dev/test.sh --all`, pytest's --all, which CI runs)
+adds the tests marked `full` or listed in FULL_ONLY: sweeps (every architecture, launcher and
+precision of a check the default makes once), the slow-link and multi-host benchmarks, and
+Horovod's tests where Horovod is not installed (only the full run builds it). The default run
+leaves them out and says so in one line. A test naming a full-only test (`file.py::name`) runs it.
+
 The suite runs with pytest-xdist's `--dist loadgroup` (dev/test.sh passes it, with
 `--no-loadscope-reorder`): tests with the same xdist_group mark run on one worker, one after
 another, and the tests go out in the order pytest_collection_modifyitems leaves them in.
@@ -10,7 +17,15 @@ another, and the tests go out in the order pytest_collection_modifyitems leaves 
 import os
 
 import pytest
-from helpers import ROOT_SKIP, cluster_lock, make_tiny_data, once, reference_run, shared_runs
+from helpers import (
+    ROOT_SKIP,
+    cluster_lock,
+    horovod_problem,
+    make_tiny_data,
+    once,
+    reference_run,
+    shared_runs,
+)
 
 # The tests that take longest, started first so that none of them is left to run alone at the
 # end (node id prefixes, relative to tests/). The "cluster" group goes first anyway: it is the
@@ -24,6 +39,35 @@ SLOW_FIRST = [
     "test_horovod.py",
     "test_batch_scaling.py",
 ]
+
+# Full-only tests besides those marked `full` (node id prefixes, relative to tests/): what the
+# default run proves once already, or costs minutes for a bar no README sentence rests on.
+FULL_ONLY = []
+# The tests that start Horovod's processes or import horovod.torch: without Horovod, full-only
+# (dev/test.sh --all builds it); with it, they run by default. A new one: @pytest.mark.horovod.
+NEEDS_HOROVOD = [
+    "test_horovod.py::test_horovodrun",
+    "test_horovod.py::test_training_gives",
+    "test_horovod.py::test_metrics",
+    "test_horovod.py::test_evaluation",
+    "test_horovod.py::test_resumed",
+    "test_batch_scaling.py::test_compressed_gradients_are_the_average_to_the_types_precision[horovodrun",
+    "test_batch_scaling.py::test_compressed_training_reaches_the_uncompressed_accuracy[horovodrun",
+    "test_cli_compat.py::test_horovod_sync_bn",
+    "test_parallel_math.py::test_validation_during_training_equals_evaluating_the_checkpoint_anywhere[horovodrun",
+    "test_snippets.py::test_horovod_program",
+    "test_multihost.py::test_horovodrun",
+]
+FULL_RUN = "bash dev/test.sh --all"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--all",
+        action="store_true",
+        dest="full_run",
+        help=f"the full run ({FULL_RUN}): also the tests marked full (tests/conftest.py)",
+    )
 
 
 # ---- fixtures ----
@@ -63,6 +107,12 @@ def slurm_cluster():
 
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", f"full: runs only in the full run ({FULL_RUN}); see tests/conftest.py"
+    )
+    config.addinivalue_line(
+        "markers", "horovod: needs Horovod; without it, runs only in the full run, which builds it"
+    )
     dist = config.getoption("dist", "no")  # absent with -p no:xdist
     if dist not in ("no", "loadgroup"):
         raise pytest.UsageError(
@@ -93,9 +143,55 @@ def pytest_collection_modifyitems(config, items):
         return (1, slow[0]) if slow else (2, 0)
 
     items.sort(key=start)  # stable: file order otherwise
+    leave_out_full_only(config, items)
+
+
+def marked(item, name, prefixes):
+    nodeid = item.nodeid.removeprefix("tests/")
+    return item.get_closest_marker(name) is not None or nodeid.startswith(tuple(prefixes))
+
+
+def leave_out_full_only(config, items):
+    """Outside the full run, deselects the full-only tests (and Horovod's, where it is missing),
+    unless the command line names them; pytest_terminal_summary says how many, in one line."""
+    if config.getoption("full_run"):
+        return
+    named = tuple(
+        a.split("::", 1)[0] + "::" + a.split("::", 1)[1] for a in config.args if "::" in a
+    )
+    no_horovod = horovod_problem() is not None
+    kept, left = [], []
+    for item in items:
+        full = marked(item, "full", FULL_ONLY) or (
+            no_horovod and marked(item, "horovod", NEEDS_HOROVOD)
+        )
+        explicit = any(item.nodeid.endswith(n) or item.nodeid.startswith(n) for n in named)
+        (left if full and not explicit else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+    config._full_only = (len(left), no_horovod)
+    if hasattr(config, "workeroutput"):  # an xdist worker: the controller prints the summary
+        config.workeroutput["full_only"] = config._full_only
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: what a worker left out (every worker collects alike)."""
+    if "full_only" in getattr(node, "workeroutput", {}):
+        node.config._full_only = tuple(node.workeroutput["full_only"])
 
 
 # ---- the summary ----
+
+
+def pytest_unconfigure(config):
+    """Under dev/test.sh --census, every pytest process counts itself too: tests that import torch
+    in-process (to call a script's functions) do it here."""
+    if os.environ.get("TESTS_CENSUS_DIR"):
+        import census
+
+        census.record_this_process(os.environ["TESTS_CENSUS_DIR"], "(pytest)")
 
 
 def skip_reason(report):
@@ -103,7 +199,16 @@ def skip_reason(report):
     return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_terminal_summary(terminalreporter, config):
+    left, no_horovod = getattr(config, "_full_only", (0, False))
+    if left:
+        terminalreporter.write_line(
+            f"{left} test(s) of the full run not run (architecture and precision sweeps, "
+            "slow-link and multi-host benchmarks"
+            + (", Horovod's: not installed here" if no_horovod else "")
+            + f"): `{FULL_RUN}` runs them"
+            + (" and builds Horovod" if no_horovod else "")
+        )
     needing_root = [
         r for r in terminalreporter.stats.get("skipped", []) if ROOT_SKIP in skip_reason(r)
     ]
