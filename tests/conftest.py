@@ -42,7 +42,45 @@ SLOW_FIRST = [
 
 # Full-only tests besides those marked `full` (node id prefixes, relative to tests/): what the
 # default run proves once already, or costs minutes for a bar no README sentence rests on.
-FULL_ONLY = []
+FULL_ONLY = [
+    # the same guarantee at one more process count, launcher or precision than the default's
+    "test_parallel_math.py::test_training_gives_the_single_process_parameters[python-1-dataparallel.py-extra6]",
+    "test_parallel_math.py::test_two_torchrun_nodes",  # test_multihost.py: torchrun on 2 hosts
+    "test_parallel_math.py::test_same_seed_gives_identical_runs",
+    "test_fsdp.py::test_sharded_training_gives_the_single_process_parameters_and_momentum[3]",
+    "test_fsdp.py::test_batchnorm_over_shards",  # test_parallel_math.py's, for DDP, runs
+    "test_fsdp.py::test_compiled_fsdp",  # test_compile.py compiles by default
+    "test_fsdp.py::test_validation_pads",
+    "test_fsdp.py::test_bf16_policy",
+    "test_horovod.py::test_training_gives_the_single_process_parameters[3]",
+    "test_horovod.py::test_resumed_training",
+    "test_batch_scaling.py::test_compressed_gradients_are_the_average_to_the_types_precision[torchrun-fsdp",
+    "test_batch_scaling.py::test_compressed_training_reaches_the_uncompressed_accuracy[torchrun-fsdp",
+    "test_batch_scaling.py::test_compressed_training_reaches_the_uncompressed_accuracy[horovodrun",
+    "test_snippets.py::test_the_checks_fail_for_the_ddp_program",
+    "test_precision.py::test_explicit_bf16_without_native_support",
+    "test_bad_input.py::test_corrupt_jpeg_is_named[0]",
+    "test_reliability.py::test_back_to_back_launches",
+    "test_reliability.py::test_a_diverging_run",
+    "test_requeue.py::test_run_stopped_mid_epoch_resumes_with_half_the_processes",
+    "test_edges.py::test_resume_with_a_larger_batch",
+    "test_cli_compat.py::test_googlenet_with_auxiliary_outputs_trains",
+    # the architecture sweep: ten model families sharded in fp32 and bf16
+    "test_fsdp.py::test_any_architecture",
+    "test_fsdp.py::test_a_backward_that_raises_inside_no_sync",
+    "test_fsdp.py::test_vit_and_googlenet",
+    # the slow-link and all-reduce benchmarks
+    "test_network_bench.py::test_slow_link",
+    "test_network_bench.py::test_allreduce_bench_reports_busbw",
+    "test_network_bench.py::test_latency_grows",
+    "test_network_bench.py::test_one_bucket",
+    # across test hosts: the default runs torchrun, horovodrun, srun and a cut link
+    "test_multihost.py::test_two_hosts_train_the_one_process_model[apex]",
+    "test_multihost.py::test_two_hosts_train_the_one_process_model[c10d]",
+    "test_multihost.py::test_two_hosts_train_the_one_process_model[spawn]",  # test_parallel_math.py
+    "test_multihost.py::test_slurm_two_nodes_train_the_one_process_model[sbatch]",
+    "test_multihost.py::test_a_lost_host_ends_the_job_in_bounded_time_and_the_resumed_job_matches[kill]",
+]
 # The tests that start Horovod's processes or import horovod.torch: without Horovod, full-only
 # (dev/test.sh --all builds it); with it, they run by default. A new one: @pytest.mark.horovod.
 NEEDS_HOROVOD = [
