@@ -36,9 +36,6 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-$PWD/.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
-# Horovod's build takes minutes: only the full run makes it; the default runs Horovod's tests where
-# it is installed, and leaves them to the full run where not (tests/conftest.py)
-if [ "$full" = 1 ]; then PYTHON="$VENV/bin/python" bash tools/install-horovod.sh; fi
 root=0
 if [ "$(id -u)" = 0 ]; then root=1; fi
 
@@ -62,11 +59,19 @@ for arg in "$@"; do
   prev=$arg
 done
 
+# Horovod's build takes minutes: the full run and the GPU tests (Horovod's NCCL) make it; the
+# default runs Horovod's tests where it is installed, and leaves them to the full run where not
+if [ "$full" = 1 ] || [ "$gpu_only" = 1 ]; then PYTHON="$VENV/bin/python" bash tools/install-horovod.sh; fi
+
 # tests/test_multihost.py: network namespaces (iproute2, util-linux) and an sshd per test host
-# for horovodrun (openssh-server)
-if [ "$gpu_only" = 0 ] && [ "$root" = 1 ]; then
+# for horovodrun (openssh-server, where Horovod's tests run); only where that file runs
+hosts=$((1 - gpu_only))
+if [ "${#paths[@]}" -gt 0 ] && ! printf '%s\n' "${paths[@]}" | grep -q test_multihost; then hosts=0; fi
+if [ "$hosts" = 1 ] && [ "$root" = 1 ]; then
   missing=()
-  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  if [ "$full" = 1 ] || [ -x "$VENV/bin/horovodrun" ]; then
+    [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  fi
   command -v ip >/dev/null || [ -x /usr/sbin/ip ] || missing+=(iproute2)
   command -v setpriv >/dev/null || missing+=(util-linux)
   if [ "${#missing[@]}" -gt 0 ]; then
@@ -82,7 +87,7 @@ if [ "$gpu_only" = 0 ] && [ "$root" = 1 ]; then
     if [ "$policy_made" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
     if [ "$status" != 0 ]; then echo "dev/test.sh: apt-get install ${missing[*]} failed" >&2; exit 1; fi
   fi
-elif [ "$gpu_only" = 0 ]; then
+elif [ "$hosts" = 1 ]; then
   echo "dev/test.sh: not root, so no test hosts (network namespaces): tests/test_multihost.py skips" >&2
 fi
 
