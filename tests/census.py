@@ -101,7 +101,10 @@ def report(lines, command_cpu, setup_cpu, setup_s, one, limits):
     by_file = collections.defaultdict(lambda: [0, 0, 0.0])
     by_test = collections.defaultdict(lambda: [0, 0, 0.0])
     for x in started:
-        name = x["test"] or "(no test: a fixture of the session, or a process a daemon started)"
+        # pytest-xdist's loadgroup appends "@group" to a grouped test's id
+        name = (
+            x["test"].split("@")[0] or "(no test: a process a daemon or a session fixture started)"
+        )
         for table, key in ((by_file, name.split("::")[0]), (by_test, name)):
             table[key][0] += 1
             table[key][1] += x["torch"]

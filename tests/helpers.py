@@ -41,6 +41,14 @@ correct, and fast, in parallel:
   env(plain=True) leaves it out, for a process whose exit must be exactly a user's.
 - Slow tests: list them in conftest.SLOW_FIRST, so that they start first instead of ending the run
   alone.
+- Default or full run. Every process that imports torch costs seconds of CPU before it does anything
+  (7-9 CPU-s on a slow 2-core machine), and the default run (`bash dev/test.sh`) is to prove each
+  README guarantee at least once within 150 such processes (docs/testing.md). A test that repeats a
+  check at another process count, launcher or precision, sweeps many cases, or benchmarks, belongs
+  to the full run (`bash dev/test.sh --all`, which CI runs): mark it `@pytest.mark.full` (or list
+  its node id in conftest.FULL_ONLY). A test that needs Horovod: `@pytest.mark.horovod` (without
+  Horovod it runs in the full run only, which builds it). `bash dev/test.sh --census tests/test_x.py
+  -k name` says how many processes a test starts and what they cost.
 """
 
 import contextlib
