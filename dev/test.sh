@@ -64,14 +64,12 @@ done
 if [ "$full" = 1 ] || [ "$gpu_only" = 1 ]; then PYTHON="$VENV/bin/python" bash tools/install-horovod.sh; fi
 
 # tests/test_multihost.py: network namespaces (iproute2, util-linux) and an sshd per test host
-# for horovodrun (openssh-server, where Horovod's tests run); only where that file runs
+# for horovodrun (openssh-server, for the full run's test across hosts); only where that file runs
 hosts=$((1 - gpu_only))
 if [ "${#paths[@]}" -gt 0 ] && ! printf '%s\n' "${paths[@]}" | grep -q test_multihost; then hosts=0; fi
 if [ "$hosts" = 1 ] && [ "$root" = 1 ]; then
   missing=()
-  if [ "$full" = 1 ] || [ -x "$VENV/bin/horovodrun" ]; then
-    [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
-  fi
+  if [ "$full" = 1 ]; then [ -x /usr/sbin/sshd ] || missing+=(openssh-server); fi
   command -v ip >/dev/null || [ -x /usr/sbin/ip ] || missing+=(iproute2)
   command -v setpriv >/dev/null || missing+=(util-linux)
   if [ "${#missing[@]}" -gt 0 ]; then
