@@ -225,6 +225,10 @@ class Runs:
             pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs))
             self.futures = {k: pool.submit(job) for k, job in jobs.items()}
             pool.shutdown(wait=False)
+        if name not in self.futures:  # a run no test in NEEDS named: started now, on its own
+            self.futures[name] = concurrent.futures.ThreadPoolExecutor(1).submit(
+                getattr(self, name)
+            )
         return self.futures[name].result(timeout=3 * TIMEOUT)
 
     # ---- one process, the reference ----
@@ -434,7 +438,8 @@ class Runs:
                 *train[2:],
             ],
         }
-        cmds = {k: c for k, c in cmds.items() if f"slurm_{k}" in self.wanted}
+        # those the selected tests read (NEEDS), or every one for a test NEEDS does not name
+        cmds = {k: c for k, c in cmds.items() if f"slurm_{k}" in self.wanted} or cmds
         with concurrent.futures.ThreadPoolExecutor(len(cmds)) as pool:
             futures = {k: pool.submit(slurm, c) for k, c in cmds.items()}
             return {k: f.result() for k, f in futures.items()}
