@@ -1,27 +1,41 @@
 #!/usr/bin/env bash
 # Set up what the test suite needs on this machine, then run it:
-#   bash dev/test.sh [pytest arguments...]
+#   bash dev/test.sh [--all] [--census] [pytest arguments...]
 #   bash dev/test.sh -m gpu            # on a GPU node: the GPU tests (docs/gpu.md)
-# Makes .venv (or $VENV, absolute or relative to the current folder) with requirements-dev.txt and
-# Horovod (tools/install-horovod.sh, cached). As root it installs openssh-server, iproute2 and
-# util-linux when missing (tests/test_multihost.py makes test hosts, each with an sshd) and starts
-# the one-node Slurm cluster (tools/slurm-local.sh; stopped afterwards if started here); -m gpu runs
-# the GPU tests alone, which need neither. Then pytest runs in TEST_WORKERS pytest-xdist processes
-# (default 3; -n N among the arguments wins). A missing backend fails its tests unless
-# ALLOW_MISSING_BACKENDS=1, which makes those visible skips; run by a user who is not root, the
-# tests that need root skip, each naming what it needs. With CI=true nothing skips: they fail.
+# The default run proves what the README states, each at least once; --all is the full run (what
+# CI runs): also the sweeps, the slow-link and multi-host benchmarks, and Horovod, built here from
+# source if missing (tools/install-horovod.sh, cached). --census prints at the end how many Python
+# processes the tests started, how many imported torch, and the run's CPU time (tests/census.py).
+# Makes .venv (or $VENV, absolute or relative to the current folder) with requirements-dev.txt. As
+# root it installs openssh-server, iproute2 and util-linux when missing (the test hosts of
+# tests/test_multihost.py, each with an sshd) and starts the one-node Slurm cluster
+# (tools/slurm-local.sh; stopped afterwards if started here); -m gpu runs the GPU tests alone, which
+# need neither. Then pytest runs in TEST_WORKERS pytest-xdist processes (default 3; -n N among the
+# arguments wins). A missing backend fails its tests unless ALLOW_MISSING_BACKENDS=1, which makes
+# those visible skips; run by a user who is not root, the tests that need root skip, each naming
+# what it needs. With CI=true nothing skips: they fail.
 set -euo pipefail
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
+# CPU-s of this shell's finished children (set-up, pytest and all they waited for)
+children_cpu() { awk -v t="$(getconf CLK_TCK)" '{ printf "%.1f", ($16 + $17) / t }' /proc/$$/stat; }
+full=0 census=0 args=()
+for arg in "$@"; do
+  case $arg in
+    --all) full=1 args+=("$arg") ;;
+    --census) census=1 ;;
+    *) args+=("$arg") ;;
+  esac
+done
+set -- ${args[@]+"${args[@]}"}
 # absolute from here on: the tests start programs by name from $VENV/bin (PATH, below)
 case ${VENV:-} in "" | /*) ;; *) VENV=$PWD/$VENV ;; esac
 cd "$(dirname "$0")/.."
 VENV=${VENV:-$PWD/.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r requirements-dev.txt
-PYTHON="$VENV/bin/python" bash tools/install-horovod.sh
 root=0
 if [ "$(id -u)" = 0 ]; then root=1; fi
 
@@ -45,11 +59,17 @@ for arg in "$@"; do
   prev=$arg
 done
 
+# Horovod's build takes minutes: the full run and the GPU tests (Horovod's NCCL) make it; the
+# default runs Horovod's tests where it is installed, and leaves them to the full run where not
+if [ "$full" = 1 ] || [ "$gpu_only" = 1 ]; then PYTHON="$VENV/bin/python" bash tools/install-horovod.sh; fi
+
 # tests/test_multihost.py: network namespaces (iproute2, util-linux) and an sshd per test host
-# for horovodrun (openssh-server)
-if [ "$gpu_only" = 0 ] && [ "$root" = 1 ]; then
+# for horovodrun (openssh-server, for the full run's test across hosts); only where that file runs
+hosts=$((1 - gpu_only))
+if [ "${#paths[@]}" -gt 0 ] && ! printf '%s\n' "${paths[@]}" | grep -q test_multihost; then hosts=0; fi
+if [ "$hosts" = 1 ] && [ "$root" = 1 ]; then
   missing=()
-  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  if [ "$full" = 1 ]; then [ -x /usr/sbin/sshd ] || missing+=(openssh-server); fi
   command -v ip >/dev/null || [ -x /usr/sbin/ip ] || missing+=(iproute2)
   command -v setpriv >/dev/null || missing+=(util-linux)
   if [ "${#missing[@]}" -gt 0 ]; then
@@ -65,7 +85,7 @@ if [ "$gpu_only" = 0 ] && [ "$root" = 1 ]; then
     if [ "$policy_made" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
     if [ "$status" != 0 ]; then echo "dev/test.sh: apt-get install ${missing[*]} failed" >&2; exit 1; fi
   fi
-elif [ "$gpu_only" = 0 ]; then
+elif [ "$hosts" = 1 ]; then
   echo "dev/test.sh: not root, so no test hosts (network namespaces): tests/test_multihost.py skips" >&2
 fi
 
@@ -85,4 +105,18 @@ stop_slurm() { if [ "$started_slurm" = 1 ]; then bash tools/slurm-local.sh down;
 trap stop_slurm EXIT
 
 export PATH="$VENV/bin:$PATH"
-"$VENV/bin/python" -m pytest -q -rs --durations=25 -o tmp_path_retention_policy=failed "${workers[@]}" "${dist[@]}" "${where[@]}" "$@"
+setup_s=$SECONDS setup_cpu=$(children_cpu)
+echo "dev/test.sh: set-up took ${setup_s} s (${setup_cpu} CPU-s)" >&2
+if [ "$census" = 1 ]; then
+  TESTS_CENSUS_DIR=$(mktemp -d) TESTS_CENSUS_ROOT=$$
+  export TESTS_CENSUS_DIR TESTS_CENSUS_ROOT
+fi
+status=0
+"$VENV/bin/python" -m pytest -q -rs --durations=25 -o tmp_path_retention_policy=failed "${workers[@]}" "${dist[@]}" "${where[@]}" "$@" || status=$?
+if [ "$census" = 1 ]; then
+  stop_slurm && started_slurm=0  # its CPU-s belong to the run
+  "$VENV/bin/python" tests/census.py "$TESTS_CENSUS_DIR" --command-cpu "$(children_cpu)" \
+    --setup-cpu "$setup_cpu" --setup-s "$setup_s" $([ "$full" = 1 ] || echo --limits 150,220)
+  rm -rf "$TESTS_CENSUS_DIR"
+fi
+exit "$status"

@@ -34,13 +34,21 @@ correct, and fast, in parallel:
   that reason, and one line at the end of the run says how to run them; with CI=true it fails.
 - A missing backend (Horovod, a Slurm cluster) fails its tests through missing_backend(), or skips
   them with ALLOW_MISSING_BACKENDS=1, which CI=true ignores: in CI every backend's tests run.
-- Compiled runs. env() gives every process a test starts an Inductor cache of its own: a kernel
-  compiled under one CPU setting crashes a run under another.
+- Compiled runs. env() gives the processes a test session starts one Inductor cache per CPU
+  setting: a kernel compiled under one CPU setting crashes a run under another.
 - Garbage collection. env() also puts tests/site on PYTHONPATH: its sitecustomize.py spares each
   process the collector's passes over what importing torch leaves (a third of a short run's CPU);
   env(plain=True) leaves it out, for a process whose exit must be exactly a user's.
 - Slow tests: list them in conftest.SLOW_FIRST, so that they start first instead of ending the run
   alone.
+- Default or full run. Every process that imports torch costs seconds of CPU before it does anything
+  (7-9 CPU-s on a slow 2-core machine), and the default run (`bash dev/test.sh`) is to prove each
+  README guarantee at least once within 150 such processes (docs/testing.md). A test that repeats a
+  check at another process count, launcher or precision, sweeps many cases, or benchmarks, belongs
+  to the full run (`bash dev/test.sh --all`, which CI runs): mark it `@pytest.mark.full` (or list
+  its node id in conftest.FULL_ONLY). A test that needs Horovod: `@pytest.mark.horovod` (without
+  Horovod it runs in the full run only, which builds it). `bash dev/test.sh --census tests/test_x.py
+  -k name` says how many processes a test starts and what they cost.
 """
 
 import contextlib
@@ -164,17 +172,23 @@ def free_port():
 
 def env(plain=False, **extra):
     """The environment of a process a test starts: one thread per process, unbuffered output, and
-    an empty Inductor cache of its own (--compile). Inductor's default cache,
+    the Inductor cache (--compile) of this test session and CPU setting. Inductor's default cache,
     /tmp/torchinductor_$USER, is shared by every run of the user: kernels compiled under
     ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 crashed a later run without them (SIGBUS), so
-    no run reads another's kernels, and the compiled tests' time is that of a first compile.
-    Unless plain, tests/site on PYTHONPATH: Python's garbage collection made cheap at start and exit
-    (tests/site/sitecustomize.py)."""
-    cache = tempfile.mkdtemp(prefix="inductor-", dir=shared_runs.get("folder"))
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=cache)
+    no run reads kernels of another CPU setting or of an earlier session; within a session, a graph
+    compiled once is compiled once (the compiled runs of one model share their kernels).
+    tests/site on PYTHONPATH: unless plain, Python's garbage collection made cheap at start and
+    exit; under `dev/test.sh --census`, the process counted (tests/site/sitecustomize.py)."""
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    setting = "-".join(
+        extra.get(k, e.get(k, "native")) for k in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+    )
+    folder = shared_runs.get("folder") or tempfile.gettempdir()
+    e["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(folder, f"inductor-{setting}")
     e.update(extra)
-    if not plain:
-        e["PYTHONPATH"] = os.pathsep.join([SITE, *filter(None, [e.get("PYTHONPATH")])])
+    e["PYTHONPATH"] = os.pathsep.join([SITE, *filter(None, [e.get("PYTHONPATH")])])
+    if plain:
+        e["TESTS_PLAIN_EXIT"] = "1"
     return e
 
 
@@ -319,17 +333,27 @@ def missing_backend(problem, tests):
     pytest.fail(f"{problem} (or set ALLOW_MISSING_BACKENDS=1 to skip {tests})", pytrace=False)
 
 
+def horovod_problem(full=False):
+    """Why Horovod cannot run here, or None. Unless full, only whether horovodrun and the horovod
+    package exist (conftest.py asks at collection, in every pytest process, which importing
+    horovod.torch, and so torch, would slow); full imports horovod.torch."""
+    if not os.path.isfile(HOROVODRUN):
+        return f"{HOROVODRUN} does not exist"
+    if not full:
+        import importlib.util
+
+        return None if importlib.util.find_spec("horovod") else "no horovod package"
+    try:
+        import horovod.torch  # noqa: F401
+    except ImportError as e:
+        return f"horovod.torch cannot be imported ({e})"
+    return None
+
+
 def require_horovod():
     """Fails the calling test (or skips it, explicitly, with ALLOW_MISSING_BACKENDS=1) when
     horovodrun or horovod.torch is missing."""
-    problem = None
-    if not os.path.isfile(HOROVODRUN):
-        problem = f"{HOROVODRUN} does not exist"
-    else:
-        try:
-            import horovod.torch  # noqa: F401
-        except ImportError as e:
-            problem = f"horovod.torch cannot be imported ({e})"
+    problem = horovod_problem(full=True)
     if problem:
         missing_backend(
             f"Horovod is not installed: {problem}; run `bash tools/install-horovod.sh`",

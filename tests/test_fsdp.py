@@ -58,17 +58,29 @@ def momentum(out_dir):
 
 @pytest.fixture(scope="module")
 def fsdp_runs(tiny_data, tmp_path_factory):
-    """FSDP runs of one epoch, made once: by process count. 2 processes accumulate 2 micro-batches a
-    step (FSDP's set_requires_gradient_sync): the same parameters as one process's whole batches."""
+    """FSDP runs of one epoch, made once each, when a test first asks for its process count (the
+    default run asks for 2 only). 2 processes accumulate 2 micro-batches a step (FSDP's
+    set_requires_gradient_sync): the same parameters as one process's whole batches."""
 
-    def make(nproc):
-        out = str(tmp_path_factory.mktemp(f"fsdp{nproc}"))
-        run(
-            fsdp(nproc, "--data", tiny_data, *TINY, *EXACT, *ACCUMULATE[nproc], "--output-dir", out)
-        )
-        return out
+    class Runs(dict):
+        def __missing__(self, nproc):
+            out = str(tmp_path_factory.mktemp(f"fsdp{nproc}"))
+            run(
+                fsdp(
+                    nproc,
+                    "--data",
+                    tiny_data,
+                    *TINY,
+                    *EXACT,
+                    *ACCUMULATE[nproc],
+                    "--output-dir",
+                    out,
+                )
+            )
+            self[nproc] = out
+            return out
 
-    return {n: make(n) for n in (2, 3)}
+    return Runs()
 
 
 ACCUMULATE = {2: ["--accum-steps", "2"], 3: []}

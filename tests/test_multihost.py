@@ -201,6 +201,9 @@ class Runs:
 
     def __init__(self, data, tmp):
         self.data, self.tmp, self.futures = data, tmp, None
+        # the runs to start ("slurm_srun" and the like: that job of the Slurm run), from the tests
+        # selected (the runs fixture)
+        self.wanted = set()
 
     def out(self, name):
         return str(self.tmp / name)
@@ -219,9 +222,14 @@ class Runs:
                 "ref": self.ref,
                 "ref_fault": self.ref_fault,
             }
+            jobs = {k: job for k, job in jobs.items() if k in self.wanted}
             pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs))
             self.futures = {k: pool.submit(job) for k, job in jobs.items()}
             pool.shutdown(wait=False)
+        if name not in self.futures:  # a run no test in NEEDS named: started now, on its own
+            self.futures[name] = concurrent.futures.ThreadPoolExecutor(1).submit(
+                getattr(self, name)
+            )
         return self.futures[name].result(timeout=3 * TIMEOUT)
 
     # ---- one process, the reference ----
@@ -431,6 +439,8 @@ class Runs:
                 *train[2:],
             ],
         }
+        # those the selected tests read (NEEDS), or every one for a test NEEDS does not name
+        cmds = {k: c for k, c in cmds.items() if f"slurm_{k}" in self.wanted} or cmds
         with concurrent.futures.ThreadPoolExecutor(len(cmds)) as pool:
             futures = {k: pool.submit(slurm, c) for k, c in cmds.items()}
             return {k: f.result() for k, f in futures.items()}
@@ -529,9 +539,27 @@ def hosts():
             subprocess.run(["bash", HOSTS_SH, "down"], capture_output=True, timeout=60)
 
 
+# The runs each test reads (the references aside): Runs starts those of the selected tests only
+NEEDS = {
+    "test_two_hosts_train_the_one_process_model": lambda name: [name],
+    "test_horovodrun_starts_the_second_host_through_ssh": lambda: ["horovod"],
+    "test_slurm_two_nodes_run_one_task_each": lambda: ["slurm", "slurm_hostname"],
+    "test_slurm_two_nodes_train_the_one_process_model": lambda how: ["slurm", f"slurm_{how}"],
+    "test_a_lost_host_ends_the_job_in_bounded_time_and_the_resumed_job_matches": lambda kind: [
+        f"fault_{kind}",
+        "ref_fault",
+    ],
+}
+
+
 @pytest.fixture(scope="module")
-def runs(hosts, tiny_data, tmp_path_factory):
+def runs(request, hosts, tiny_data, tmp_path_factory):
     r = Runs(tiny_data, tmp_path_factory.mktemp("multihost"))
+    r.wanted = {"ref"}
+    for item in request.session.items:
+        if item.module is request.module and item.originalname in NEEDS:
+            params = getattr(item, "callspec", None)
+            r.wanted.update(NEEDS[item.originalname](**(params.params if params else {})))
     yield r
     if r.futures:
         concurrent.futures.wait(r.futures.values(), timeout=3 * TIMEOUT)
