@@ -78,7 +78,7 @@ def build_parser():
         "-j",
         "--workers",
         type=int,
-        help="loader processes per process (default: min(8, cores each))",
+        help="loader processes per process (default: its share of the node's cores, less one)",
     )
     p.add_argument(
         "--loader-start-method",
@@ -201,9 +201,9 @@ def build_parser():
 
 
 def resolve_defaults(args, world_size):
-    """pytorch/examples' ImageNet recipe, except on the demo data. Loader workers: min(8, cores this
-    process may use / processes on its node); the launchers say how many a node runs, else one per
-    GPU is assumed."""
+    """pytorch/examples' ImageNet recipe, except on the demo data. Loader workers: the cores this
+    process may use / processes on its node, less one for the training process (at least one); the
+    launchers say how many a node runs, else one per GPU is assumed."""
     if args.data_arg is not None and args.data not in (None, args.data_arg):
         raise UserError(f"two data folders: {args.data_arg} and --data {args.data}")
     args.data = args.data_arg or args.data or "data/demo"
@@ -216,7 +216,11 @@ def resolve_defaults(args, world_size):
     local_sizes = ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
     local = next((int(os.environ[v]) for v in local_sizes if os.environ.get(v, "").isdigit()), None)
     local = local or min(world_size, torch.cuda.device_count() or world_size)
-    recipe = dict(batch_size=256, epochs=90, workers=min(8, (cores or 1) // local) or 1)
+    share = (cores or 1) // local
+    recipe = dict(batch_size=256, epochs=90, workers=max(1, share - 1))
+    args.workers_why = ""  # for the settings line
+    if not args.demo and args.workers is None:
+        args.workers_why = f"{cores} cores / {local} process(es) on the node, less one; "
     for name, value in (DEMO_DEFAULTS if args.demo else recipe).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -239,7 +243,7 @@ def resolve_defaults(args, world_size):
 #   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
 #   sync_batchnorm(model) -> the model, its BatchNorm over all processes (--sync-bn)
 #   all_reduce_sum(tensor) -> the tensor, summed over the processes in place
-#   prefetch(batches, device) -> the batches; shutdown(): leaves the process group
+#   prefetch(batches, device, args) -> the batches; shutdown(): leaves the process group
 def add_backend_args(p):
     p.add_argument("--gpus", help="comma-separated GPU ids to use (default: all visible)")
 
@@ -284,7 +288,7 @@ def all_reduce_sum(tensor):
     return tensor
 
 
-def prefetch(loader, device):
+def prefetch(loader, device, args):
     return loader
 
 
@@ -460,7 +464,8 @@ def train(loader, model, optimizer, scaler, epoch, args, device, rank):
     # (.item()) would make the host wait every step; added over the processes on print steps only
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     clock = EpochClock(steps)
-    for i, (images, target) in enumerate(clock.batches(prefetch(start_workers(loader), device))):
+    batches = prefetch(start_workers(loader), device, args)
+    for i, (images, target) in enumerate(clock.batches(batches)):
         step, k = divmod(i, k_steps)
         if k == 0:
             clock.step_starts(step)
@@ -601,7 +606,7 @@ def settings_line(args, optimizer, why, world_size, device, start_epoch, start_s
         f"{device.type}, {args.arch}, {torch.get_num_threads()} thread(s); {batch}, gradients sent "
         f"in {sent}, {args.epochs} epochs, lr {args.lr:g} (warmup {args.warmup_epochs:g} epochs, "
         f"/10 every {args.lr_step}), weight decay {args.weight_decay:g}, {args.workers} loader "
-        f"workers per process ({recipe}); {start}"
+        f"workers per process ({args.workers_why}{recipe}); {start}"
     )
 
 
@@ -612,7 +617,7 @@ def validate(loader, model, args, device, rank):
     on their number."""
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)
-    for images, target in prefetch(start_workers(loader), device):
+    for images, target in prefetch(start_workers(loader), device, args):
         loss_sum, top1, top5, n = forward(model, images, target, args, device, reduction="sum")
         sums[:3] += torch.stack([loss_sum.double(), top1.double(), top5.double()])
         sums[3] += n
@@ -633,8 +638,7 @@ def forward(model, images, target, args, device, reduction="mean"):
     """The batch to the device, model and loss under autocast (cross_entropy in fp32): (loss, top-1
     and top-5 hits, n). inception_v3 and googlenet add auxiliary outputs in training, weighted as in
     torchvision's references."""
-    images = images.to(device, non_blocking=True, **number_format(args))
-    target = target.to(device, non_blocking=True)
+    images, target = to_device(images, target, args, device)
     half = torch.float16 if args.amp == "fp16" else torch.bfloat16
     with torch.autocast(device.type, dtype=half, enabled=args.amp != "off"):
         output = model(images)
@@ -644,6 +648,17 @@ def forward(model, images, target, args, device, reduction="mean"):
         loss = loss + sum((0.4 if len(aux) == 1 else 0.3) * F.cross_entropy(a, target) for a in aux)
     hits = output.detach().topk(min(5, output.shape[1]), dim=1).indices == target[:, None]
     return loss, hits[:, 0].sum(), hits.any(dim=1).sum(), target.shape[0]
+
+
+def to_device(images, target, args, device):
+    """The batch as the model takes it: the loader's uint8 images (a quarter of float32's bytes to
+    send from a worker and copy to a GPU) become float and normalized on the device, then take the
+    number format. Equal to normalizing each image on the CPU (the same fp32 operations); a batch
+    already there passes unchanged."""
+    images = images.to(device, non_blocking=True)
+    if not images.is_floating_point():
+        images = TF.normalize(TF.to_dtype(images, torch.float32, scale=True), MEAN, STD)
+    return images.to(**number_format(args)), target.to(device, non_blocking=True)
 
 
 def number_format(args):
@@ -893,22 +908,21 @@ class ImageList(torch.utils.data.Dataset):
             return self.transform(image), int(self.targets[i])
 
 
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # ImageNet's, per channel (to_device)
+
+
 def transforms(size, augment):
-    """torchvision's ImageNet recipe on uint8 tensors: for training RandomResizedCrop (scale 0.08-1)
-    and a horizontal flip; for evaluation the shorter side resized to size x 256/224 and a centre
-    crop."""
-    normalize = [
-        T.ToDtype(torch.float32, scale=True),
-        T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-    ]
+    """torchvision's ImageNet recipe on uint8 tensors, which stay uint8 (to_device normalizes them):
+    for training RandomResizedCrop (scale 0.08-1) and a horizontal flip; for evaluation the shorter
+    side resized to size x 256/224 and a centre crop."""
     centre = [T.Resize(int(size * 256 / 224), antialias=True), T.CenterCrop(size)]
     augmentation = [T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip()]
-    val = T.Compose(centre + normalize)
-    return (T.Compose(augmentation + normalize) if augment else val), val
+    val = T.Compose(centre)
+    return (T.Compose(augmentation) if augment else val), val
 
 
 class FakeData(torch.utils.data.Dataset):
-    """--dummy: random images made in memory, for timing without a disk."""
+    """--dummy: random uint8 images made in memory, for timing without a disk."""
 
     def __init__(self, n, size, num_classes):
         self.n, self.size, self.num_classes = n, size, num_classes
@@ -918,7 +932,8 @@ class FakeData(torch.utils.data.Dataset):
 
     def __getitem__(self, item):
         i = item[0] if isinstance(item, tuple) else item
-        image = torch.randn(3, self.size, self.size, generator=torch.Generator().manual_seed(i))
+        g = torch.Generator().manual_seed(i)
+        image = torch.randint(0, 256, (3, self.size, self.size), dtype=torch.uint8, generator=g)
         return image, i % self.num_classes
 
 

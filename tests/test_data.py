@@ -429,3 +429,57 @@ def test_make_demo_data_imagenet_is_shaped_like_imagenet(tmp_path, size):
     assert 70 < kb < 170, kb
     assert 300 < np.mean([w for w, _ in sizes]) < 520 and 250 < np.mean([h for _, h in sizes]) < 460
     assert f"mean file size {kb:.1f} KB" in p.stdout
+
+
+def loader_args(tiny_data, tmp_path, *flags):
+    args = distributed.build_parser().parse_args(
+        [
+            "--data",
+            tiny_data,
+            "--image-size",
+            "32",
+            "-b",
+            "8",
+            "--output-dir",
+            str(tmp_path),
+            *flags,
+        ]
+    )
+    distributed.check_args(args, 1)
+    args.amp, args.channels_last = "off", args.channels_last or False  # as choose_precision on CPU
+    return args
+
+
+def test_workers_send_uint8_and_the_device_normalizes_as_the_cpu_did(tiny_data, tmp_path):
+    """A loader worker sends uint8 images, a quarter of the bytes of float32 ones; to_device's
+    float batch equals the old recipe (each image made float and normalized on the CPU by
+    torchvision's ToDtype and Normalize) to fp32 rounding, in fp32 and channels_last, and with
+    --fp64 the same values in float64."""
+    import torchvision.transforms.v2 as T
+
+    old = T.Compose(
+        [T.ToDtype(torch.float32, scale=True), T.Normalize(distributed.MEAN, distributed.STD)]
+    )
+    args = loader_args(tiny_data, tmp_path, "-j", "1")
+    train_set, val_set, _, _ = distributed.build_datasets(args, local_rank=0, rank=0)
+    cpu = torch.device("cpu")
+    loader, _, val_loader = distributed.build_loaders(train_set, val_set, args, 0, 1, cpu)
+    for batches in (loader, val_loader):
+        images, target = next(iter(batches))
+        assert images.dtype == torch.uint8 and images.shape == (8, 3, 32, 32)
+        assert images.nbytes * 4 == images.to(torch.float32).nbytes == 8 * 3 * 32 * 32 * 4
+        expected = torch.stack([old(image) for image in images])
+        for flags, dtype in (((), torch.float32), (("--channels-last",), torch.float32)):
+            got, got_target = distributed.to_device(
+                images, target, loader_args(tiny_data, tmp_path, *flags), cpu
+            )
+            assert got.dtype == dtype and torch.equal(got_target, target)
+            assert got.is_contiguous(memory_format=torch.channels_last) == bool(flags)
+            torch.testing.assert_close(got, expected, rtol=1.2e-7, atol=1e-6)
+        fp64 = loader_args(tiny_data, tmp_path, "--fp64")
+        got, _ = distributed.to_device(images, target, fp64, cpu)
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, expected.double(), rtol=1.2e-7, atol=1e-6)
+        # a float batch (already on the device) is left as it is, in the number format
+        again, _ = distributed.to_device(got, target, fp64, cpu)
+        assert torch.equal(again, got)
