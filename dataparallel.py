@@ -974,7 +974,7 @@ def build_loaders(train_set, val_set, args, rank, world_size, device):
     train_sampler = EpochSampler(len(train_set), rank, world_size, per_process, args.seed)
     val_sampler = range(rank, len(val_set), world_size)
     common = dict(batch_size=per_process // args.accum_steps, pin_memory=device.type == "cuda")
-    if device.type == "cpu":  # normalized in the loader, image by image: less CPU (docs/data.md)
+    if device.type == "cpu":  # normalized in the loader, image by image, as before (docs/data.md)
         common["collate_fn"] = normalized_batch
     if args.workers:  # they persist across epochs, forked where the OS can (spawned, import torch)
         forks = "fork" in torch.multiprocessing.get_all_start_methods()
@@ -989,8 +989,8 @@ def build_loaders(train_set, val_set, args, rank, world_size, device):
 
 
 def normalized_batch(samples):
-    """The CPU's batch: each image normalized apart while it is in the cache, which takes a third
-    of the CPU time of normalizing the whole batch in the training process."""
+    """The CPU's batch: each image normalized in the loader worker, where the work always was, not
+    the whole batch in the training process, which shares the same cores."""
     samples = [(normalize(image), target) for image, target in samples]
     return torch.utils.data.default_collate(samples)
 
