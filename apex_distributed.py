@@ -247,7 +247,7 @@ def resolve_defaults(args, world_size):
 #   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
 #   sync_batchnorm(model) -> the model, its BatchNorm over all processes (--sync-bn)
 #   all_reduce_sum(tensor) -> the tensor, summed over the processes in place
-#   prefetch(batches, device) -> the batches; shutdown(): leaves the process group
+#   prefetch(batches, device, args) -> the batches; shutdown(): leaves the process group
 def add_backend_args(p):
     # the legacy launcher passes it
     p.add_argument("--local-rank", "--local_rank", type=int, dest="local_rank")
