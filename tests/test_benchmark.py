@@ -492,7 +492,7 @@ def test_gpu_benchmark_times_every_mode_in_windows_and_trains_the_jpeg_mode_from
     ]
     jpeg = ["--jpeg-images", "24", "--jpeg-data", str(jpegs)]
     args = [*tiny, *jpeg, "--peak-size", "256", "--out", str(out)]
-    run([PY, os.path.join(ROOT, "tools", "gpu_benchmark.py"), *args], timeout=900)
+    run([PY, os.path.join(ROOT, "tools", "gpu_benchmark.py"), *args], timeout=1800)
     text, rows = out.read_text(), {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
