@@ -68,7 +68,7 @@ SCRIPT = os.path.basename(__file__)
 #   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
 #   sync_batchnorm(model) -> the model, its BatchNorm over all processes (--sync-bn)
 #   all_reduce_sum(tensor) -> the tensor, summed over the processes in place
-#   prefetch(batches, device) -> the batches; shutdown(): leaves the process group
+#   prefetch(batches, device, args) -> the batches; shutdown(): leaves the process group
 #   and in the appendix: add_backend_args(parser); check_backend(args, world_size, device)
 @record  # torchrun's summary then names a failed rank's exception and traceback
 def main():
@@ -116,7 +116,7 @@ def all_reduce_sum(tensor):
     return tensor
 
 
-def prefetch(loader, device):
+def prefetch(loader, device, args):
     return loader
 
 
@@ -151,8 +151,7 @@ def train_and_evaluate(args, device, local_rank, rank, world_size):
     train_loader, val_loader, num_classes, note = loaders
     torch.manual_seed(args.seed)  # the same initial weights in every process, as in one process
     model = create_model(args, num_classes)
-    if args.sync_bn:
-        model = sync_batchnorm(model)
+    model = sync_batchnorm(model) if args.sync_bn else model
     model.to(device, **number_format(args))
     optimizer = build_optimizer(model, args, device)
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")  # fp16's loss scaling
@@ -200,7 +199,8 @@ def train(loader, model, optimizer, scaler, epoch, args, device, rank):
     of the epoch trained} when a process got SIGUSR1."""
     model.train()
     meter = EpochMeter(loader, epoch, args, device, rank)  # sums, seconds, printed lines, SIGUSR1
-    for i, (images, target) in enumerate(meter.timed(prefetch(start_workers(loader), device))):
+    batches = prefetch(start_workers(loader), device, args)
+    for i, (images, target) in enumerate(meter.timed(batches)):
         step, k = divmod(i, args.accum_steps)
         last = k == args.accum_steps - 1  # the gradients are exchanged in a step's last backward
         if k == 0:
@@ -225,7 +225,7 @@ def validate(loader, model, args, device, rank):
     on their number."""
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)
-    for images, target in prefetch(start_workers(loader), device):
+    for images, target in prefetch(start_workers(loader), device, args):
         loss_sum, top1, top5, n = forward(model, images, target, args, device, reduction="sum")
         sums[:3] += torch.stack([loss_sum.double(), top1.double(), top5.double()])
         sums[3] += n
@@ -270,8 +270,7 @@ def forward(model, images, target, args, device, reduction="mean"):
     """The batch to the device, model and loss under autocast (cross_entropy in fp32): (loss, top-1
     and top-5 hits, n). inception_v3 and googlenet add auxiliary outputs in training, weighted as in
     torchvision's references."""
-    images = images.to(device, non_blocking=True, **number_format(args))
-    target = target.to(device, non_blocking=True)
+    images, target = to_device(images, target, args, device)
     half = torch.float16 if args.amp == "fp16" else torch.bfloat16
     with torch.autocast(device.type, dtype=half, enabled=args.amp != "off"):
         output = model(images)
@@ -460,22 +459,21 @@ class ImageList(torch.utils.data.Dataset):
             return self.transform(image), int(self.targets[i])
 
 
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # ImageNet's, per channel (to_device)
+
+
 def transforms(size, augment):
-    """torchvision's ImageNet recipe on uint8 tensors: for training RandomResizedCrop (scale 0.08-1)
-    and a horizontal flip; for evaluation the shorter side resized to size x 256/224 and a centre
-    crop."""
-    normalize = [
-        T.ToDtype(torch.float32, scale=True),
-        T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-    ]
+    """torchvision's ImageNet recipe on uint8 tensors, which stay uint8 (to_device normalizes them):
+    for training RandomResizedCrop (scale 0.08-1) and a horizontal flip; for evaluation the shorter
+    side resized to size x 256/224 and a centre crop."""
     centre = [T.Resize(int(size * 256 / 224), antialias=True), T.CenterCrop(size)]
     augmentation = [T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip()]
-    val = T.Compose(centre + normalize)
-    return (T.Compose(augmentation + normalize) if augment else val), val
+    val = T.Compose(centre)
+    return (T.Compose(augmentation) if augment else val), val
 
 
 class FakeData(torch.utils.data.Dataset):
-    """--dummy: random images made in memory, for timing without a disk."""
+    """--dummy: random uint8 images made in memory, for timing without a disk."""
 
     def __init__(self, n, size, num_classes):
         self.n, self.size, self.num_classes = n, size, num_classes
@@ -485,7 +483,8 @@ class FakeData(torch.utils.data.Dataset):
 
     def __getitem__(self, item):
         i = item[0] if isinstance(item, tuple) else item
-        image = torch.randn(3, self.size, self.size, generator=torch.Generator().manual_seed(i))
+        g = torch.Generator().manual_seed(i)
+        image = torch.randint(0, 256, (3, self.size, self.size), dtype=torch.uint8, generator=g)
         return image, i % self.num_classes
 
 
@@ -522,6 +521,8 @@ def build_loaders(train_set, val_set, args, rank, world_size, device):
     train_sampler = EpochSampler(len(train_set), rank, world_size, per_process, args.seed)
     val_sampler = range(rank, len(val_set), world_size)
     common = dict(batch_size=per_process // args.accum_steps, pin_memory=device.type == "cuda")
+    if device.type == "cpu":  # normalized in the loader, image by image, as before (docs/data.md)
+        common["collate_fn"] = normalized_batch
     if args.workers:  # they persist across epochs, forked where the OS can (spawned, import torch)
         forks = "fork" in torch.multiprocessing.get_all_start_methods()
         method = args.loader_start_method or ("fork" if forks else None)
@@ -532,6 +533,13 @@ def build_loaders(train_set, val_set, args, rank, world_size, device):
         train_sampler,
         torch.utils.data.DataLoader(val_set, sampler=val_sampler, **common),
     )
+
+
+def normalized_batch(samples):
+    """The CPU's batch: each image normalized in the loader worker, where the work always was, not
+    the whole batch in the training process, which shares the same cores."""
+    samples = [(normalize(image), target) for image, target in samples]
+    return torch.utils.data.default_collate(samples)
 
 
 # PIL's decompression-bomb limit: one such image is 0.27 GB in RGB, per loader worker
@@ -589,7 +597,7 @@ def build_parser():
         "-j",
         "--workers",
         type=int,
-        help="loader processes per process (default: min(8, cores each))",
+        help="loader processes per process (default: its share of the node's cores, less one)",
     )
     p.add_argument(
         "--loader-start-method",
@@ -727,9 +735,9 @@ def resolve_options(args, world_size, device, rank):
 
 
 def resolve_defaults(args, world_size):
-    """pytorch/examples' ImageNet recipe, except on the demo data. Loader workers: min(8, cores this
-    process may use / processes on its node); the launchers say how many a node runs, else one per
-    GPU is assumed."""
+    """pytorch/examples' ImageNet recipe, except on the demo data. Loader workers: the cores this
+    process may use / processes on its node, less one for the training process (at least one); the
+    launchers say how many a node runs, else one per GPU is assumed."""
     if args.data_arg is not None and args.data not in (None, args.data_arg):
         raise UserError(f"two data folders: {args.data_arg} and --data {args.data}")
     args.data = args.data_arg or args.data or "data/demo"
@@ -742,7 +750,11 @@ def resolve_defaults(args, world_size):
     local_sizes = ("LOCAL_WORLD_SIZE", "HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
     local = next((int(os.environ[v]) for v in local_sizes if os.environ.get(v, "").isdigit()), None)
     local = local or min(world_size, torch.cuda.device_count() or world_size)
-    recipe = dict(batch_size=256, epochs=90, workers=min(8, (cores or 1) // local) or 1)
+    share = (cores or 1) // local
+    recipe = dict(batch_size=256, epochs=90, workers=max(1, share - 1))
+    args.workers_why = ""  # for the settings line
+    if not args.demo and args.workers is None:
+        args.workers_why = f"{cores} cores / {local} process(es) on the node, less one; "
     for name, value in (DEMO_DEFAULTS if args.demo else recipe).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -1108,7 +1120,8 @@ def settings_line(args, optimizer, world_size, device, start):
         f"{args.dist_backend}, device {device.type}, {args.arch}, {torch.get_num_threads()} "
         f"thread(s); {batch}, gradients sent in {sent}, {args.epochs} epochs, lr {args.lr:g} "
         f"(warmup {args.warmup_epochs:g} epochs, /10 every {args.lr_step}), weight decay "
-        f"{args.weight_decay:g}, {args.workers} loader workers per process ({recipe}); {begin}"
+        f"{args.weight_decay:g}, {args.workers} loader workers per process "
+        f"({args.workers_why}{recipe}); {begin}"
     )
 
 
@@ -1123,6 +1136,21 @@ def log_metrics(args, world_size, device, rank, row):
                 f.write(json.dumps(about | dict(threads=torch.get_num_threads()) | row) + "\n")
     except OSError as e:
         raise UserError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def to_device(images, target, args, device):
+    """The batch as the model takes it: the loader's uint8 images (a quarter of float32's bytes to
+    send from a worker and copy to a GPU) become float and normalized on the device, then take the
+    number format. Equal to normalizing each image on the CPU (the same fp32 operations); a float
+    batch (normalized by the loader for the CPU: build_loaders) passes unchanged."""
+    images = images.to(device, non_blocking=True)
+    if not images.is_floating_point():
+        images = normalize(images)
+    return images.to(**number_format(args)), target.to(device, non_blocking=True)
+
+
+def normalize(images):
+    return TF.normalize(TF.to_dtype(images, torch.float32, scale=True), MEAN, STD)
 
 
 def number_format(args):
@@ -1254,15 +1282,6 @@ def cpu_bf16_support():
 
 
 # ---- backend appendix: the backend's options, checks and helpers ----
-# What every backend defines (the shared loop calls nothing else of it):
-#   add_backend_args(parser); main(): starts the processes, each in main_worker()
-#   init_distributed(args, local_rank, rank, world_size) -> the device this process trains on
-#   distribute(model, optimizer, args, device) -> the model and optimizer to train with
-#   no_sync(model) -> a context in which backward() accumulates gradients, sending none
-#   full_state(model, optimizer) -> the model's and the optimizer's state dicts, for rank 0 to save
-#   sync_batchnorm(model) -> the model, its BatchNorm over all processes (--sync-bn)
-#   all_reduce_sum(tensor) -> the tensor, summed over the processes in place
-#   prefetch(batches, device) -> the batches; shutdown(): leaves the process group
 def add_backend_args(p):
     # the legacy launcher passes it
     p.add_argument("--local-rank", "--local_rank", type=int, dest="local_rank")

@@ -35,6 +35,7 @@ SLOW_FIRST = [
     "test_fsdp.py",
     "test_scripts.py::test_demo_training",
     "test_benchmark.py::test_start_sh_times",
+    "test_benchmark.py::test_gpu_benchmark_times_every_mode",
     "test_reliability.py",
     "test_horovod.py",
     "test_batch_scaling.py",

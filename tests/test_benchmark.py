@@ -470,25 +470,62 @@ def test_slurm_job_scripts_keep_every_gpu_of_a_node_visible():
     assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in text
 
 
-def test_gpu_benchmark_times_the_scripts_step_and_a_plain_loop_on_batches_on_the_device(tmp_path):
-    """tools/gpu_benchmark.py on CPU (the device is the CPU here): every mode trains, and the report
-    gives its images/s, MFU against the measured matmul peak, and the ratio of the two loops."""
-    out = tmp_path / "benchmark-gpu.md"
-    tiny = ["-a", "resnet18", "--image-size", "16", "-b", "8", "--steps", "4", "--peak-size", "256"]
-    args = [*tiny, "--modes", "eager,tf32,reference", "--out", str(out)]
-    run([PY, os.path.join(ROOT, "tools", "gpu_benchmark.py"), *args], timeout=600)
-    rows = {}
-    for line in out.read_text().splitlines():
+def test_gpu_benchmark_times_every_mode_in_windows_and_trains_the_jpeg_mode_from_its_own_jpegs(
+    tmp_path,
+):
+    """tools/gpu_benchmark.py on CPU (the device is the CPU here), every mode at tiny sizes: each
+    trains, is timed in 3 windows of at least --window s and reports the median window; the jpeg
+    mode writes its JPEGs and trains apex_distributed.py from them with the script's own loader
+    workers, whose rate alone it reports; compile-large trains at --large-batch."""
+    out, jpegs = tmp_path / "benchmark-gpu.md", tmp_path / "jpegs"
+    tiny = [
+        "-a",
+        "resnet18",
+        "--image-size",
+        "16",
+        "-b",
+        "8",
+        "--large-batch",
+        "16",
+        "--window",
+        "0.4",
+    ]
+    jpeg = ["--jpeg-images", "24", "--jpeg-data", str(jpegs)]
+    args = [*tiny, *jpeg, "--peak-size", "256", "--out", str(out)]
+    run([PY, os.path.join(ROOT, "tools", "gpu_benchmark.py"), *args], timeout=1800)
+    text, rows = out.read_text(), {}
+    for line in text.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if line.startswith("| ") and cells[2].replace(".", "").isdigit():
             rows[cells[0]] = cells
-    assert set(rows) == {"eager", "tf32", "reference"}, out.read_text()
-    assert rows["eager"][1] == rows["reference"][1] == "bf16" and rows["tf32"][1] == "fp32"
+    modes = {"eager", "compile", "tf32", "reference", "jpeg", "compile-large"}
+    assert set(rows) == modes, text
+    assert rows["eager"][1] == rows["reference"][1] == rows["jpeg"][1] == "bf16"
+    assert rows["tf32"][1] == "fp32"
     for mode, cells in rows.items():  # images/s, model TFLOP/s, MFU against the measured peak
         assert float(cells[2]) > 0 and float(cells[3]) > 0 and float(cells[5]) > 0, (mode, cells)
-    ratio = re.search(r"- apex_distributed.py's step / the plain loop: ([\d.]+)x", out.read_text())
-    assert float(ratio.group(1)) == pytest.approx(
-        float(rows["eager"][2]) / float(rows["reference"][2]), rel=0.05
-    )
-    log = (tmp_path / "benchmark-gpu-runs" / "eager.log").read_text()
-    assert "Epoch [0][4/4]" in log and "batch 8 per process" in log, log[-2000:]
+        windows = sorted(float(w) for w in cells[12].split(","))
+        assert len(windows) == 3 and float(cells[2]) == pytest.approx(windows[1], abs=0.5)
+        assert cells[8] == ("16" if mode == "compile-large" else "8"), cells
+        assert 0 <= float(cells[9]) <= 100, cells  # data wait %
+        if mode != "jpeg":
+            assert cells[10] == "on the device" and cells[11] == "", cells
+    # 2 cores here: the script's default, 2 - 1 workers; the loader alone timed
+    assert rows["jpeg"][10] == "1" and float(rows["jpeg"][11]) > 0, rows["jpeg"]
+    for mode in modes:
+        log = (tmp_path / "benchmark-gpu-runs" / f"{mode}.log").read_text()
+        result = json.loads(log.splitlines()[-1])
+        assert len(result["windows"]) == 3, (mode, result)  # images/s, data wait, seconds each
+        assert min(seconds for *_, seconds in result["windows"]) >= 0.4, (mode, result)
+    assert sum(1 for _ in jpegs.glob("train/*/*.JPEG")) == 24
+    log = (tmp_path / "benchmark-gpu-runs" / "jpeg.log").read_text()
+    assert f"--data {jpegs}" not in log and "1 loader workers per process (2 cores" in log, log
+    for a, b, what in (
+        ("eager", "reference", "apex_distributed.py's step / the plain loop"),
+        ("jpeg", "eager", "from JPEGs / on the device (eager)"),
+        ("compile-large", "compile", "--compile at batch 16 / at 8"),
+    ):
+        ratio = re.search(re.escape(f"- {what}: ") + r"([\d.]+)x", text)
+        assert float(ratio.group(1)) == pytest.approx(
+            float(rows[a][2]) / float(rows[b][2]), rel=0.05
+        ), what

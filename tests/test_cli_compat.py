@@ -73,18 +73,24 @@ def test_defaults_are_imagenet_recipe_on_real_data_and_demo_settings_on_demo_dat
         args.lr_step,
         args.weight_decay,
         args.workers,
-    ) == (256, 90, 0.1, 30, 1e-4, 8)
+    ) == (256, 90, 0.1, 30, 1e-4, 15)  # 64 cores / 4 processes, less one: no fixed cap
     # 12 cores for 4 processes
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(12)))
     args = parse(ddp, "--data", str(real), *out)
     ddp.check_args(args, 8)
-    assert args.workers == 3
+    assert args.workers == 2
+    assert args.workers_why == "12 cores / 4 process(es) on the node, less one; "
     # no launcher variable: one process per GPU, 2 GPUs (mock)
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     args = parse(ddp, "--data", str(real), *out)
     ddp.check_args(args, 4)
-    assert args.workers == 6
+    assert args.workers == 5
+    # a core a process: one worker still overlaps decoding with the GPU's step
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)))
+    args = parse(ddp, "--data", str(real), *out)
+    ddp.check_args(args, 2)
+    assert args.workers == 1
     for demo in (["--data", tiny_data], ["--dummy"]):
         args = parse(ddp, *demo, *out)
         ddp.check_args(args, 2)

@@ -8,6 +8,7 @@ These import distributed.py and the tool as modules and drive their data functio
 import glob
 import multiprocessing
 import os
+import re
 import shutil
 import sys
 
@@ -429,3 +430,86 @@ def test_make_demo_data_imagenet_is_shaped_like_imagenet(tmp_path, size):
     assert 70 < kb < 170, kb
     assert 300 < np.mean([w for w, _ in sizes]) < 520 and 250 < np.mean([h for _, h in sizes]) < 460
     assert f"mean file size {kb:.1f} KB" in p.stdout
+
+
+def loader_args(tiny_data, tmp_path, *flags):
+    args = distributed.build_parser().parse_args(
+        [
+            "--data",
+            tiny_data,
+            "--image-size",
+            "32",
+            "-b",
+            "8",
+            "--output-dir",
+            str(tmp_path),
+            *flags,
+        ]
+    )
+    distributed.check_args(args, 1)
+    args.amp, args.channels_last = "off", args.channels_last or False  # as choose_precision on CPU
+    return args
+
+
+def test_workers_send_uint8_and_the_device_normalizes_as_the_cpu_did(tiny_data, tmp_path):
+    """For a GPU, a loader worker sends uint8 images, a quarter of the bytes of float32 ones, and
+    to_device's float batch equals the old recipe (each image made float and normalized on the CPU
+    by torchvision's ToDtype and Normalize) to fp32 rounding, in fp32 and channels_last, and with
+    --fp64 the same values in float64. For the CPU the worker normalizes each image as before."""
+    import torchvision.transforms.v2 as T
+
+    old = T.Compose(
+        [T.ToDtype(torch.float32, scale=True), T.Normalize(distributed.MEAN, distributed.STD)]
+    )
+    args = loader_args(tiny_data, tmp_path, "-j", "1")
+    train_set, val_set, _, _ = distributed.build_datasets(args, local_rank=0, rank=0)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")  # no GPU needed: only pin_memory differs
+    loaders = {d: distributed.build_loaders(train_set, val_set, args, 0, 1, d) for d in (cpu, gpu)}
+    for k in (0, 2):  # training, validation
+        images, target = next(iter(loaders[gpu][k]))
+        assert images.dtype == torch.uint8 and images.shape == (8, 3, 32, 32)
+        assert images.nbytes * 4 == images.to(torch.float32).nbytes == 8 * 3 * 32 * 32 * 4
+        expected = torch.stack([old(image) for image in images])
+        cpu_images, cpu_target = next(iter(loaders[cpu][k]))
+        assert torch.equal(cpu_images, expected) and torch.equal(cpu_target, target)
+        for flags in ((), ("--channels-last",)):
+            fp32 = loader_args(tiny_data, tmp_path, *flags)
+            got, got_target = distributed.to_device(images, target, fp32, cpu)
+            assert got.dtype == torch.float32 and torch.equal(got_target, target)
+            assert got.is_contiguous(memory_format=torch.channels_last) == bool(flags)
+            torch.testing.assert_close(got, expected, rtol=1.2e-7, atol=1e-6)
+        fp64 = loader_args(tiny_data, tmp_path, "--fp64")
+        got, _ = distributed.to_device(images, target, fp64, cpu)
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, expected.double(), rtol=1.2e-7, atol=1e-6)
+        # a float batch (the CPU's, or one already on the device) is left as it is
+        again, _ = distributed.to_device(got, target, fp64, cpu)
+        assert torch.equal(again, got)
+
+
+def test_loader_bench_runs_the_scripts_loader_at_1_half_and_all_workers_beside_the_gpus_need(
+    tiny_data, tmp_path
+):
+    """tools/loader_bench.py --loader: the scripts' own training loader, wall-clock images/s for 1,
+    N/2 and N workers, each beside the given need; the batch's uint8 bytes and float32's, 4x."""
+    tool = os.path.join(ROOT, "tools", "loader_bench.py")
+    flags = ["--data", tiny_data, "-b", "4", "--image-size", "32", "--seconds", "0.5"]
+    out = ["--out", str(tmp_path)]
+    p = run([PY, tool, "--loader", *flags, "-j", "4", "--need", "100", *out], timeout=600)
+    rows = {}
+    for line in p.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and cells[0].isdigit():
+            rows[int(cells[0])] = float(cells[1]), float(cells[2].rstrip("x"))
+    assert sorted(rows) == [1, 2, 4], p.stdout
+    for rate, of_need in rows.values():
+        assert rate > 0 and of_need == pytest.approx(rate / 100, abs=0.006), p.stdout
+    assert "the GPU needs 100 images/s (given (--need))" in p.stdout, p.stdout
+    mib = 4 * 3 * 32 * 32 / 2**20  # a batch of uint8 images; the CPU's loader normalizes
+    assert (
+        f"cpu's loader (pinned memory on cuda): torch.float32 images, {4 * mib:.4g} MiB" in p.stdout
+    )
+    # no --need: measured with a plain loop on this machine's device (the CPU here)
+    p = run([PY, tool, "--loader", *flags, "-j", "1", "-a", "resnet18", *out, "--device", "cuda"])
+    assert f"cuda's loader (pinned memory on cuda): torch.uint8 images, {mib:.4g} MiB" in p.stdout
+    assert re.search(r"the GPU needs \d+ images/s \(measured: resnet18, plain bf16 loop", p.stdout)

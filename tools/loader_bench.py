@@ -3,6 +3,7 @@
 
     python tools/loader_bench.py --data /path/to/imagenet --images 500 --rounds 5 --paths pil tv
     python tools/loader_bench.py --data DIR --paths tv --quick     # one number, for start.sh
+    python tools/loader_bench.py --loader --data DIR -b 256 --need 4500   # before training
 
 What one loader worker (one process, one thread, files in the page cache) decodes and augments
 per CPU second (time.process_time, which other processes hardly change); rounds interleave the
@@ -11,11 +12,13 @@ paths, and the median is reported. The paths differ in decoder and kernels (docs
   pil-v2     PIL decode, then transforms.v2 on a uint8 tensor (shows what the transforms alone save)
   tv-v2      torchvision.io.decode_image + transforms.v2 on a uint8 tensor
   tv         the training scripts' own read_image and transforms, random draws seeded per sample
+--loader: the scripts' own DataLoader, wall clock, beside what a GPU needs (docs/data.md).
 """
 
 import argparse
 import collections
 import glob
+import itertools
 import os
 import random
 import statistics
@@ -26,6 +29,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+import gpu_benchmark  # noqa: E402  (its plain loop measures what a GPU needs)
+
 import distributed  # noqa: E402  (the training scripts' own read_image and transforms)
 
 PATHS = ("pil", "pil-v2", "tv-v2", "tv")
@@ -78,8 +83,53 @@ def time_path(fn, files):
     start = time.process_time()
     for path in files:
         out = fn(path)
-    assert out.dtype == torch.float32 and out.shape[0] == 3
+    assert out.shape[0] == 3
     return time.process_time() - start
+
+
+def loader_rates(args, only_default=False):
+    """Wall-clock images/s of the scripts' training loader with 1, N/2 and N workers; a batch."""
+    script = ["--data", args.data, "-b", str(args.batch_size), "--image-size", str(args.image_size)]
+    script += ["--output-dir", args.out] + (["-j", str(args.workers)] if args.workers else [])
+    run = distributed.build_parser().parse_args(script)
+    distributed.check_args(run, 1)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    train_set, val_set, _, _ = distributed.build_datasets(run, 0, 0)
+    rates, n = {}, run.workers
+    for workers in [n] if only_default else sorted({1, max(1, n // 2), n}):
+        run.workers = workers
+        loader, _, _ = distributed.build_loaders(train_set, val_set, run, 0, 1, device)
+        batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
+        batch = [next(batches)[0] for _ in range(2 * workers)][0]  # workers start, queues fill
+        start, images = time.perf_counter(), 0
+        while time.perf_counter() - start < args.seconds:
+            images += len(next(batches)[0])
+        rates[workers] = images / (time.perf_counter() - start)
+        del loader  # its workers end
+    return rates, batch, run, device
+
+
+def loader_mode(args):
+    """The table; the need, unless given, is gpu_benchmark.py's plain bf16 loop on this device."""
+    rates, batch, run, device = loader_rates(args)
+    need, how = args.need, "given (--need)"
+    if need is None:  # on this machine's device, whatever --device configures the loader for
+        here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        bench = argparse.Namespace(**vars(args), window=args.seconds / 3)
+        need = gpu_benchmark.reference_mode(bench, here)["images_per_s"]
+        how = f"measured: {args.arch}, plain bf16 loop on {here.type}, batch {args.batch_size}"
+    print(
+        f"# loader_bench.py --loader: {args.data}, batch {args.batch_size}, {args.image_size} px; "
+        f"{device.type}'s loader (pinned memory on cuda): {batch.dtype} images, "
+        f"{batch.nbytes / 2**20:.4g} MiB a batch; {os.cpu_count()} cores, load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; each count timed {args.seconds:g} s"
+    )
+    print("| loader workers | images/s | of the GPU's need |\n| ---: | ---: | ---: |")
+    for workers, rate in rates.items():
+        default = " (the scripts' default)" if workers == run.workers and not args.workers else ""
+        print(f"| {workers}{default} | {rate:.0f} | {rate / need:.2f}x |")
+    print(f"the GPU needs {need:.0f} images/s ({how})")
+    return 0
 
 
 def main(argv=None):
@@ -90,11 +140,21 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="rounds; the median is reported")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--quick", action="store_true", help="one figure: the first path's img/s/core")
+    p.add_argument("--loader", action="store_true", help="the scripts' DataLoader, wall clock")
+    p.add_argument("-j", "--workers", type=int, help="--loader: N (default: the scripts')")
+    p.add_argument("-b", "--batch-size", type=int, default=256, help="--loader: per process")
+    p.add_argument("--seconds", type=float, default=10, help="--loader: per worker count")
+    p.add_argument("--need", type=float, help="--loader: the GPU's images/s (default: measured)")
+    p.add_argument("-a", "--arch", default="resnet50", help="--loader: to measure the need")
+    p.add_argument("--out", default="output/loader_bench", help="--loader: the scripts' folder")
+    p.add_argument("--device", choices=["cuda", "cpu"], help="--loader: configure it for")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)  # a loader worker runs one thread (the DataLoader sets it so)
     if not os.path.isdir(args.data):
         make = "python tools/make_demo_data.py --imagenet"
         p.error(f"data folder {args.data} does not exist (make one: {make})")
+    if args.loader:
+        return loader_mode(args)
+    torch.set_num_threads(1)  # a loader worker runs one thread (the DataLoader sets it so)
     torch.manual_seed(0)
     paths = {name: make_path(name, args.image_size) for name in args.paths}
     files = sample_files(args.data, args.images)
