@@ -578,42 +578,23 @@ def build_parser():
         f"{DEMO_MARK}) and --dummy: {DEMO_DEFAULTS}",
     )
     p.add_argument("data_arg", nargs="?", metavar="DATA", help="data folder (pytorch/examples')")
-    p.add_argument(
-        "--data", metavar="DIR", help="train/ and val/ image folders (default: data/demo)"
-    )
+    p.add_argument("--data", metavar="DIR", help="train/ and val/ folders (default: data/demo)")
     p.add_argument("-a", "--arch", default="resnet18", help="a torchvision classification model")
     p.add_argument(
-        "-j",
-        "--workers",
-        type=int,
-        help="loader processes per process (default: its share of the node's cores, less one)",
+        "-j", "--workers", type=int, help="loader processes per process (default: cores each - 1)"
     )
-    p.add_argument(
-        "--loader-start-method",
-        choices=["fork", "spawn", "forkserver"],
-        help="spawn if fork breaks (MPI)",
-    )
+    methods = ["fork", "spawn", "forkserver"]
+    p.add_argument("--loader-start-method", choices=methods, help="spawn if fork breaks (MPI)")
     p.add_argument("--epochs", type=int, help="default: 90 (3 on the demo data)")
-    p.add_argument(
-        "--start-epoch", type=int, default=0, help="epoch to start at (--resume reads it)"
-    )
-    p.add_argument(
-        "-b",
-        "--batch-size",
-        type=int,
-        help="global batch, split evenly across processes (default: 256)",
-    )
+    p.add_argument("--start-epoch", type=int, default=0, help="(--resume reads it)")
+    p.add_argument("-b", "--batch-size", type=int, help="global batch, split (default: 256)")
     p.add_argument(
         "--lr", "--learning-rate", type=float, dest="lr", help="default: 0.1 x global batch / 256"
     )
     p.add_argument(
         "--lr-step", type=int, default=30, help="divide the learning rate by 10 every N epochs"
     )
-    p.add_argument(
-        "--warmup-epochs",
-        type=float,
-        help="lr up from near 0, linearly (default: doublings of -b / 256)",
-    )
+    p.add_argument("--warmup-epochs", type=float, help="lr up linearly (default: log2(-b / 256))")
     p.add_argument(
         "--gradient-accumulation-steps",
         "--accum-steps",
@@ -642,41 +623,17 @@ def build_parser():
         "and save it)",
     )
     p.add_argument("-e", "--evaluate", action="store_true", help="only evaluate on val/")
-    p.add_argument(
-        "--pretrained",
-        action="store_true",
-        help="start from torchvision's weights (downloads them)",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="seeds the shuffling, the augmentations and the initial weights",
-    )
-    p.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="deterministic kernels where PyTorch has them (slower)",
-    )
+    p.add_argument("--pretrained", action="store_true", help="torchvision's weights (downloaded)")
+    p.add_argument("--seed", type=int, default=0, help="shuffling, augmentation, initial weights")
+    p.add_argument("--deterministic", action="store_true", help="deterministic kernels (slower)")
     p.add_argument("--image-size", type=int, default=224)
-    p.add_argument(
-        "--no-augment",
-        dest="augment",
-        action="store_false",
-        help="train on centre crops, unflipped",
-    )
-    p.add_argument(
-        "--dummy", action="store_true", help="synthetic data in memory instead of --data"
-    )
+    p.add_argument("--no-augment", dest="augment", action="store_false", help="centre crops only")
+    p.add_argument("--dummy", action="store_true", help="synthetic images, made in memory")
     p.add_argument("--output-dir", help="checkpoints and metrics.jsonl (default: output/<script>)")
     p.add_argument(
         "--norm", choices=["batch", "group"], default="batch", help="group: GroupNorm for BatchNorm"
     )
-    p.add_argument(
-        "--sync-bn",
-        action="store_true",
-        help="SyncBatchNorm: batch statistics over all processes (CUDA)",
-    )
+    p.add_argument("--sync-bn", action="store_true", help="BatchNorm over all processes (CUDA)")
     p.add_argument(
         "--amp",
         choices=["off", "auto", "bf16", "fp16"],
@@ -693,11 +650,7 @@ def build_parser():
         help="float64 (slow): N processes match one to ~1e-12, whatever the kernels' summation "
         "order, which checks the parallel math",
     )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the model (its compile time logged apart)",
-    )
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument(
         "--threads", type=int, default=0, help="intra-op threads per process (default: PyTorch's)"
     )
@@ -709,8 +662,7 @@ def build_parser():
 
 
 def resolve_options(args, world_size, device, rank):
-    """The options in effect, resolved in this one place before training starts: the defaults
-    (pytorch/examples' recipe, or the demo's), the checks, the precision and the backend's own.
+    """The options in effect, resolved here alone: defaults, checks, precision, the backend's own.
     Returns a new namespace; every process resolves alike, and bad input is said once."""
     args = argparse.Namespace(**vars(args))
     try:
@@ -953,9 +905,8 @@ def save_checkpoint(state, is_best, output_dir):
 
 
 class EpochMeter:
-    """What train() asks, at one place each: the epoch's sums, its seconds, its printed lines, and
-    whether a process got SIGUSR1. Seconds: in all, waiting for batches, and from the end of the
-    first `untimed` steps on, which images/s leaves out (allocator and cudnn warm-up, compiling)."""
+    """What train() asks: the epoch's sums, its printed lines, whether a process got SIGUSR1, its
+    seconds (waiting for batches; after the `untimed` warm-up steps, which images/s leaves out)."""
 
     def __init__(self, loader, epoch, args, device, rank):
         self.epoch, self.args, self.device, self.rank = epoch, args, device, rank
@@ -978,8 +929,7 @@ class EpochMeter:
             yield batch
 
     def step_starts(self, step):
-        """The part of this epoch's images trained once this step is: the schedule goes by it, so
-        that a resumed run, whatever its -b, goes on alike."""
+        """The part of this epoch's images trained once this step is (the schedule goes by it)."""
         if step == self.untimed:
             self.warm = time.perf_counter()
         return (self.sampler.start + (step + 1) * self.args.batch_size) / self.sampler.n
@@ -996,18 +946,15 @@ class EpochMeter:
             return False
         sums = torch.cat([self.sums, self.sums.new_tensor([len(STOP)])])
         *self.total, asked = all_reduce_sum(sums).tolist()
-        report_step(self.total, self.epoch, step, self.steps, lr, self.per_step(step), self.rank)
+        per_step = (time.perf_counter() - self.start) / (step + 1)
+        report_step(self.total, self.epoch, step, self.steps, lr, per_step, self.rank)
         if asked and step < self.steps - 1:
             self.stopped_at = self.sampler.start + (step + 1) * self.args.batch_size
         return self.stopped_at is not None
 
-    def per_step(self, step):
-        return (time.perf_counter() - self.start) / (step + 1)
-
     def figures(self):
-        """The epoch's training figures in metrics.jsonl. With --compile, the time of the untimed
-        steps beyond that of as many ordinary steps is the compile time: printed, and left out of
-        images/s."""
+        """The epoch's figures in metrics.jsonl. With --compile, the untimed steps' time beyond that
+        of as many ordinary steps is the compile time: printed, and left out of images/s."""
         if self.stopped_at is not None:
             return dict(stopped_at=self.stopped_at)
         if self.steps == 0:  # resumed after the epoch's last full batch (e.g. with a larger -b)
@@ -1073,23 +1020,12 @@ def stop_asked(device):
 
 def report_stop(epoch, samples, rank):
     if rank == 0:
-        print(
-            f"{SCRIPT}: stopped on SIGUSR1 after sample {samples} of epoch {epoch}: checkpoint "
-            "saved; --auto-resume continues from there",
-            flush=True,
-        )
+        stopped = f"{SCRIPT}: stopped on SIGUSR1 after sample {samples} of epoch {epoch}"
+        print(f"{stopped}: checkpoint saved; --auto-resume continues from there", flush=True)
 
 
 def announce(args, optimizer, world_size, device, start, note, rank):
     """Rank 0's first line, the settings in effect and why; then each node's line on its data."""
-    if rank == 0:
-        print(settings_line(args, optimizer, world_size, device, start), flush=True)
-    if note:
-        print(note, flush=True)
-
-
-def settings_line(args, optimizer, world_size, device, start):
-    """The run's first line: the settings in effect, and why."""
     amp = "fp64" if args.fp64 else "fp32" if args.amp == "off" else args.amp
     layout = "on" if args.channels_last else "off"
     kind = type(optimizer)
@@ -1103,7 +1039,7 @@ def settings_line(args, optimizer, world_size, device, start):
     begin = f"start epoch {start['epoch']}"
     if start["samples"]:
         begin += f" at sample {start['samples']}"
-    return (
+    settings = (
         f"{SCRIPT}: amp: {amp} ({args.precision}), channels_last {layout}, optimizer "
         f"{kind.__module__}.{kind.__name__}{fused}; {world_size} process(es), backend "
         f"{args.dist_backend}, device {device.type}, {args.arch}, {torch.get_num_threads()} "
@@ -1112,6 +1048,10 @@ def settings_line(args, optimizer, world_size, device, start):
         f"{args.weight_decay:g}, {args.workers} loader workers per process "
         f"({args.workers_why}{recipe}); {begin}"
     )
+    if rank == 0:
+        print(settings, flush=True)
+    if note:
+        print(note, flush=True)
 
 
 def log_metrics(args, world_size, device, rank, row):
@@ -1128,10 +1068,9 @@ def log_metrics(args, world_size, device, rank, row):
 
 
 def to_device(images, target, args, device):
-    """The batch as the model takes it: the loader's uint8 images (a quarter of float32's bytes to
-    send from a worker and copy to a GPU) become float and normalized on the device, then take the
-    number format. Equal to normalizing each image on the CPU (the same fp32 operations); a float
-    batch (normalized by the loader for the CPU: build_loaders) passes unchanged."""
+    """The batch as the model takes it: uint8 images (a quarter of float32's bytes to send from a
+    worker and copy to a GPU) become float, normalized on the device as on the CPU (the same fp32
+    operations), in the number format; a float batch (the CPU's: build_loaders) is normalized."""
     images = images.to(device, non_blocking=True)
     if not images.is_floating_point():
         images = normalize(images)
