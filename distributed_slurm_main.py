@@ -1300,7 +1300,7 @@ def check_tasks(args, env, task, ntasks, local_rank):
                 f"task {task} is task {local_rank} on its node, which has {gpus} GPUs: one task "
                 "per GPU"
             )
-        resolve_options(args, ntasks * nprocs, torch.device("cuda" if gpus else "cpu"), 0)
+        check_args(argparse.Namespace(**vars(args)), ntasks * nprocs)
     except UserError as e:
         fail(0 if batch_script else task, e)
     return nprocs

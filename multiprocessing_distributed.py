@@ -81,14 +81,7 @@ def main():
     if args.dist_url is None and args.world_size > 1:
         p.error("--dist-url is needed with more than one node")
     args.dist_url = args.dist_url or f"tcp://127.0.0.1:{free_port()}"
-    # bad input stops here, before any process starts
-    run(
-        resolve_options,
-        args,
-        world_size,
-        torch.device("cuda" if torch.cuda.is_available() else "cpu"),
-        0,
-    )
+    run(check_args, argparse.Namespace(**vars(args)), world_size)  # bad input: before any process
     try:
         mp.spawn(spawned, args=(nprocs, world_size, args), nprocs=nprocs)
     except mp.ProcessExitedException as e:

@@ -44,9 +44,9 @@ class Timed:
     """`batches`, timing the loop that draws them: WARMUP steps untimed, then WINDOWS windows of at
     least `seconds` (device synchronized), rows: images/s, data wait fraction and seconds each."""
 
-    def __init__(self, batches, seconds, batch, device, sampler=None):
+    def __init__(self, batches, seconds, batch, device, sampler=None, dataset=None):
         self.batches, self.seconds, self.batch, self.device = batches, seconds, batch, device
-        self.sampler, self.rows, self.wait = sampler, [], 0.0
+        self.sampler, self.dataset, self.rows, self.wait = sampler, dataset, [], 0.0
 
     def __len__(self):  # the script's epoch goes on until the windows end
         return 10**9
@@ -100,7 +100,7 @@ def script_mode(args):
             images = torch.randint(0, 256, shape, dtype=torch.uint8, device=device)
             val_loader = [(images, torch.randint(0, 1000, (batch,), device=device))]
             batches = itertools.repeat(val_loader[0])
-        seen["timed"] = Timed(batches, args.window, batch, device, sampler)
+        seen["timed"] = Timed(batches, args.window, batch, device, sampler, train_set)
         return seen["timed"], sampler, val_loader
 
     apex.build_loaders = timed
