@@ -513,9 +513,9 @@ def test_gpu_benchmark_times_every_mode_in_windows_and_trains_the_jpeg_mode_from
             assert cells[10] == "on the device" and cells[11] == "", cells
     # 2 cores here: the script's default, 2 - 1 workers; the loader alone timed
     assert rows["jpeg"][10] == "1" and float(rows["jpeg"][11]) > 0, rows["jpeg"]
+    logs = {m: (tmp_path / "benchmark-gpu-runs" / f"{m}.log").read_text() for m in modes}
     for mode in modes:
-        log = (tmp_path / "benchmark-gpu-runs" / f"{mode}.log").read_text()
-        result = json.loads(log.splitlines()[-1])
+        result = json.loads(logs[mode].splitlines()[-1])
         assert len(result["windows"]) == 3, (mode, result)  # images/s, data wait, seconds each
         assert min(seconds for *_, seconds in result["windows"]) >= 0.4, (mode, result)
     assert sum(1 for _ in jpegs.glob("train/*/*.JPEG")) == 24
@@ -526,7 +526,8 @@ def test_gpu_benchmark_times_every_mode_in_windows_and_trains_the_jpeg_mode_from
         ("jpeg", "eager", "from JPEGs / on the device (eager)"),
         ("compile-large", "compile", "--compile at batch 16 / at 8"),
     ):
+        # from the logs' unrounded rates: a row's images/s is rounded to a unit, and at these
+        # tiny sizes a unit is several percent of it
+        rate = {m: json.loads(logs[m].splitlines()[-1])["images_per_s"] for m in (a, b)}
         ratio = re.search(re.escape(f"- {what}: ") + r"([\d.]+)x", text)
-        assert float(ratio.group(1)) == pytest.approx(
-            float(rows[a][2]) / float(rows[b][2]), rel=0.05
-        ), what
+        assert float(ratio.group(1)) == pytest.approx(rate[a] / rate[b], abs=0.006), what
