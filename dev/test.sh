@@ -44,6 +44,7 @@ if [ "$(id -u)" = 0 ]; then root=1; fi
 # slower; each worker imports torch), unless they say how many (-n) or turn xdist off
 # (-p no:xdist). loadgroup keeps each xdist_group on one worker; the tests go out in the order
 # conftest.py sorts them in
+where=(tests)
 workers=(-n "${TEST_WORKERS:-$((2 + full))}")
 dist=(--dist loadgroup --no-loadscope-reorder)
 paths=()

@@ -65,10 +65,10 @@ def test_test_sh_puts_the_given_environment_first_on_path(tmp_path, how):
     assert p.returncode == 0, p.stdout + p.stderr
     lines = dict(line.split("=", 1) for line in record.read_text().splitlines())
     assert lines["python"] == f"{venv}/bin/python", lines
-    # 3 workers that keep each xdist_group together, the tests in conftest's order (see below), and
-    # the named file only, not all of tests/
+    # 2 workers (3 in the full run) that keep each xdist_group together, the tests in conftest's
+    # order (see below), and the named file only, not all of tests/
     assert lines["args"].endswith(
-        "-n 3 --dist loadgroup --no-loadscope-reorder tests/test_tools.py -k nothing"
+        "-n 2 --dist loadgroup --no-loadscope-reorder tests/test_tools.py -k nothing"
     ), lines
 
 
