@@ -133,7 +133,7 @@ def test_slow_link_lowers_images_per_s_compression_raises_them_and_the_model_pre
     # the report: the command that made it, the link table, every row at every rate, and a
     # prediction command for each modeled row
     assert "- command: `" in md and f"--link {SLOW} " in md
-    assert f"| {SLOW} | 3 |" in md
+    assert f"| {SLOW} | all_reduce | 3 |" in md
     # the images/s table's row: one host, then the link
     assert re.search(r"^\| distributed \| [\d.]+ \| [\d.]+ \|$", md, re.M), md
     assert f"- prediction, {three} @ {SLOW}: `python tools/scaling_model.py predict " in md

@@ -97,28 +97,12 @@ def main(argv):
     write_csv(base + ".csv", COLUMNS, rows, lambda c, x: fmt(x, digits(c, 2)))
     write_md(rows, checks, info, args, base + ".md")
     write_png(rows, checks, info, args, base + ".png")
-    print_summary(rows, checks, model)
+    # on the console images/s and what did not run, the bars and MFU: benchmark.md has the rest
+    ok = [r for r in rows if r["status"] == "ok"]
+    others = [f"{r['backend']}: {r['status']}: {r['note']}" for r in rows if r["status"] != "ok"]
+    images = ", ".join(f"{r['backend']} ({shape(r)}) {fmt(r['images_per_s'])}" for r in ok)
+    print(f"images/s: {images}", *others, *check_lines(checks), mfu_notes(ok, model), sep="\n")
     print(f"wrote {args.results}/benchmark.csv, benchmark.md, benchmark.png")
-
-
-def print_summary(rows, checks, model):
-    """The console's table: the columns a reader compares first (benchmark.md has them all)."""
-    print(
-        f"{'backend':<20} {'procs x thr':>11} {'images/s':>9} {'TFLOP/s':>8} {'MFU %':>6} "
-        f"{'epoch s':>8} {'Acc@1':>6} {'wait %':>7} {'loader/core':>11} {'loader cores':>12}"
-    )
-    for r in rows:
-        if r["status"] != "ok":
-            print(f"{r['backend']:<20} {r['status']}: {r['note']}")
-            continue
-        print(
-            f"{r['backend']:<20} {shape(r):>11} {fmt(r['images_per_s']):>9} "
-            f"{fmt_tflops(r['train_tflops']):>8} {fmt(r['mfu_pct'], 2):>6} "
-            f"{fmt(r['epoch_time_s']):>8} {fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7} "
-            f"{fmt(r['loader_images_per_core_s'], 0):>11} {fmt(r['loader_cores_needed'], 2):>12}"
-        )
-    print(*check_lines(checks), sep="\n")
-    print(mfu_notes([r for r in rows if r["status"] == "ok"], model))
 
 
 # ---- the model's FLOPs and the hardware's peak ----
@@ -671,17 +655,10 @@ def network_report(args):
     everything = [*net["refs"].values(), *net["runs"]]
     write_csv(base + ".csv", NET_COLUMNS, everything, lambda column, x: f"{x:.4g}")
     write_network_md(net, checks, info, args, base + ".md")
-    print(f"{'row':<28} {'1 host':>8} " + " ".join(f"{r:>16}" for r in net["rates"]))
-    for row, ref in net["rows"].items():
-        cells = [fmt(ref and ref.get("images_per_s"), 2) or "-"]
-        for rate in net["rates"]:  # images/s (the model's), else why not
-            r = net["at"].get((row, rate)) or {}
-            text = f"{r['images_per_s']:.2f}" if r.get("images_per_s") else r.get("status", "-")
-            if r.get("images_per_s") and r.get("predicted_images_per_s"):
-                text += f" ({r['predicted_images_per_s']:.2f})"
-            cells.append(text)
-        print(f"{row:<28} {cells[0]:>8} " + " ".join(f"{c:>16}" for c in cells[1:]))
-    print("images/s (model's prediction)")
+    for r in everything:  # images/s (the model's), else why not: benchmark-network.md has the rest
+        model, text = r.get("predicted_images_per_s"), fmt(r["images_per_s"], 2)
+        text = (text or f"{r['status']} {r['note']}") + (f" (model {model:.2f})" if model else "")
+        print(f"{r['row']} @ {r['rate']}: {text}")
     print(*check_lines(checks), sep="\n")
     print(f"wrote {base}.csv, .md")
 
@@ -862,35 +839,22 @@ def network_checks(net):
 
 
 def network_link_lines(net):
-    """The all-reduce at each rate and host count, then FSDP's collectives where they ran."""
+    """Each collective at each rate and host count: the all-reduce, and FSDP's where they ran."""
     lines = [
-        "| link | hosts | time at 4 KiB (ms) | busbw at 16 MiB (Gbit/s) | fit alpha (ms) | "
-        "fit busbw (Gbit/s) | sent / size |",
-        "|---|--:|--:|--:|--:|--:|--:|",
+        "| link | collective | hosts | time at 4 KiB (ms) | busbw at the largest (Gbit/s) | "
+        "fit alpha (ms) | fit busbw (Gbit/s) | sent / size |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
     ]
-    fsdp = []
     for rate in net["rates"]:
-        link = net["links"].get(rate)
-        if not link:
-            lines.append(f"| {rate} | not measured | | | | | |")
-        for b in link["benches"] if link else []:
-            rows, fit = b["ops"]["all_reduce"]["rows"], b["ops"]["all_reduce"]["fit"]
-            cells = [rate, b["world_size"], f"{rows[0]['time_s'] * 1e3:.2f}"]
+        benches = net["links"].get(rate, {}).get("benches", [])
+        lines += [] if benches else [f"| {rate} | not measured | | | | | | |"]
+        for n, (op, o) in ((b["world_size"], x) for b in benches for x in b["ops"].items()):
+            rows, fit = o["rows"], o["fit"]
+            cells = [rate, op, n, f"{rows[0]['time_s'] * 1e3:.2f}"]
             cells += [f"{rows[-1]['busbw_Bps'] * 8 / 1e9:.3f}", f"{fit['alpha_s'] * 1e3:.2f}"]
             cells += [f"{fit['busbw_Bps'] * 8 / 1e9:.3f}", f"{sent_per_byte(rows):.2f}"]
             lines.append(md_row(cells))
-            for op in ("all_gather", "reduce_scatter"):
-                if op in b["ops"]:
-                    fit, rows = b["ops"][op]["fit"], b["ops"][op]["rows"]
-                    cells = [rate, op, b["world_size"], f"{fit['busbw_Bps'] * 8 / 1e9:.3f}"]
-                    cells += [f"{fit['alpha_s'] * 1e3:.2f}", f"{sent_per_byte(rows):.2f}"]
-                    fsdp.append(md_row(cells))
-    lines += [
-        "",
-        "| link | collective | hosts | fit busbw (Gbit/s) | fit alpha (ms) | sent / size |",
-        "|---|---|--:|--:|--:|--:|",
-    ]
-    return lines + (fsdp or ["| not measured | | | | | |"])
+    return lines
 
 
 def sent_per_byte(rows):

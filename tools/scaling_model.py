@@ -19,17 +19,11 @@ import statistics
 import sys
 import time
 
-from allreduce_bench import OPS, bus_factor, line
+from allreduce_bench import OPS, PROG, bus_factor, fail, line
 
-PROG = os.path.basename(sys.argv[0])
 MiB = 2**20
 FIRST_BUCKET, BUCKET = 1 * MiB, 25 * MiB  # DDP's defaults: _DEFAULT_FIRST_BUCKET_BYTES, 25 MiB
 SQUEEZE = {"bf16": 0.5, "fp16": 0.5}  # --compression: the bytes sent per fp32 byte
-
-
-def fail(message):
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
 
 
 # ---- what one process computes ----
