@@ -647,3 +647,6 @@ def test_the_network_report_sets_the_no_overlap_baseline_beside_each_prediction(
     cells = [f"{16 / model['step_s']:.2f}", f"{errors[0]:.0f}%"]
     cells += [f"{16 / model['no_overlap_step_s']:.2f}", f"{errors[1]:.0f}%"]
     assert f"| distributed | {SLOW} | 2 | 50.00 | {' | '.join(cells)} |" in md, md
+    # the link table: a row per collective, here the all-reduce at 2 hosts (0.4 ms at 4 KiB,
+    # 10 MB/s = 0.080 Gbit/s, fit alpha 0, 1 byte sent per byte)
+    assert f"| {SLOW} | all_reduce | 2 | 0.40 | 0.080 | 0.00 | 0.080 | 1.00 |" in md, md
