@@ -19,6 +19,7 @@ import pytest
 from helpers import BIN, CLUSTER, PY, ROOT, env, error_lines, needs_root, run
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+import benchmark_report  # noqa: E402
 import scaling_model  # noqa: E402
 
 START = os.path.join(ROOT, "start.sh")
@@ -203,6 +204,9 @@ def test_rows_and_links_are_checked_before_anything_runs(tmp_path):
             args,
             p.stderr,
         )
+    start = ["bash", START, "--hosts", "2", "-o", str(tmp_path)]
+    p = run(start, env=env(**SMALL, NET_FIT="nowhere"), check=False, timeout=120)
+    assert p.returncode == 2 and "NET_FIT=nowhere: no benchmark-network.csv there" in p.stderr
 
 
 # ---- the all-reduce benchmark and the model, without the hosts ----
@@ -650,3 +654,104 @@ def test_the_network_report_sets_the_no_overlap_baseline_beside_each_prediction(
     # the link table: a row per collective, here the all-reduce at 2 hosts (0.4 ms at 4 KiB,
     # 10 MB/s = 0.080 Gbit/s, fit alpha 0, 1 byte sent per byte)
     assert f"| {SLOW} | all_reduce | 2 | 0.40 | 0.080 | 0.00 | 0.080 | 1.00 |" in md, md
+
+
+def network_run(folder, rate, rows, profiles, benches):
+    """A start.sh --hosts run's folder, as the report reads it: rows {(row, rate): (images/s,
+    processes)}, profiles {size: profile}, benches {hosts: (time at 4 KiB, fit alpha, busbw)}."""
+    runs, lines = folder / "runs-network", []
+    for (row, at), (ips, procs) in rows.items():
+        one = at == "1 host"
+        run_dir = runs / ("1host" if one else at) / row
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text(json.dumps(dict(train_images_per_s=ips)) + "\n")
+        tags = [t for t in row.split("+")[1:] if t != "onebucket"]
+        ref = "distributed+" + "+".join(t for t in tags if "hosts" not in t)  # as netbench.sh's
+        fields = [row, at, ref.rstrip("+"), "ok", str(procs), "1", "0", "9", "x"]
+        lines.append("\t".join(fields))
+    (runs / "manifest.tsv").write_text("\n".join(lines) + "\n")
+    for size, prof in profiles.items():
+        (runs / f"profile-{size}.json").write_text(json.dumps(dict(prof, image_size=size)))
+    for n, (time_s, alpha, busbw) in benches.items():
+        rows = [dict(bytes=4096, time_s=time_s, sent_bytes=4096, busbw_Bps=busbw)]
+        ar = dict(rows=rows, fit=dict(alpha_s=alpha, busbw_Bps=busbw))
+        bench = dict(backend="gloo", world_size=n, ops=dict(all_reduce=ar))
+        (runs / f"allreduce-{rate}-n{n}.json").write_text(json.dumps(bench))
+
+
+def two_bucket_profile(forward, backward, ready):
+    """A profile of 8 images a step: two 10 MB buckets, ready `ready` s into the backward."""
+    grads = [dict(bytes=10 * MB, ready_s=t) for t in ready]
+    prof = dict(source="test", arch="resnet18", batch=8, compress_s_per_byte=0.0, params=grads)
+    prof.update(forward_s=forward, backward_s=backward, optimizer_s=0.0, param_bytes=20 * MB)
+    return dict(prof, buckets=[scaling_model.bucket(grads, [i]) for i in (0, 1)], fsdp_groups=[])
+
+
+def network_report(folder, *extra):
+    """benchmark_report.py --network on `folder`, in this process: its CSV rows by (row, rate)."""
+    args = ["--network", "--results", str(folder), "--hosts", "2", "--batch", "16", *extra]
+    benchmark_report.main([*args, "--image-size", "64"])
+    with open(folder / "benchmark-network.csv") as f:
+        return {(r["row"], r["rate"]): r for r in csv.DictReader(f)}
+
+
+def test_a_model_fitted_on_one_run_predicts_another_it_never_saw(tmp_path):
+    """--fit: the compute's scale factor and the link come from the fitting run alone (64 px,
+    300 Mbit/s); the rows at 192 px and 2 Gbit/s are predicted from their own profile times that
+    factor and the fitted link taken to 2 Gbit/s, not from their own one-host step or link. Each
+    prediction and its no-overlap baseline, with its error, as computed here by hand."""
+    fit, test = tmp_path / "fit", tmp_path / "test"
+    # the fitting run: one host at 64 px, 8 images in 0.2 s (40 images/s), against its profile's
+    # 0.04 + 0.06 = 0.1 s: k = 2. Its link at 2 hosts: 30 MB/s of busbw (0.8 of 300 Mbit/s), a
+    # 4 KiB all-reduce 2 ms more than its bytes take: 2 ring steps of 1 ms, no base
+    rows = {("distributed", "1 host"): (40.0, 1), ("distributed", "300mbit"): (10.0, 2)}
+    profile = two_bucket_profile(0.04, 0.06, [0.03, 0.06])
+    network_run(fit, "300mbit", rows, {64: profile}, {2: (2e-3 + 4096 / 30e6, 2e-3, 30e6)})
+    assert float(network_report(fit)[("distributed", "1 host")]["step_s"]) == pytest.approx(0.2)
+    # the run to predict: its own one-host step (0.5 s) and link (1 MB/s) are not to be used
+    rows = {("distributed+192px", "1 host"): (16.0, 1), ("distributed+192px", "2gbit"): (9.65, 2)}
+    rows[("distributed+192px+4hosts", "2gbit")] = (12.0, 4)
+    profile = two_bucket_profile(0.3, 0.5, [0.2, 0.5])
+    network_run(test, "2gbit", rows, {192: profile}, {2: (0.1, 0.1, 1e6)})
+    table = network_report(test, "--fit", str(fit))
+    # 2 hosts: one-host step 2 x (0.3 + 0.5) = 1.6 s, forward 0.6 s, buckets ready 0.4 and 1.0 s
+    # into the backward; the link at 2 Gbit/s: 30 MB/s x 2000 / 300 = 200 MB/s, a 10 MB bucket
+    # 2 x 1 ms + 10 MB / 200 MB/s = 52 ms: done at 0.6 + 0.4 + 0.052 and 0.6 + 1.0 + 0.052 s, a
+    # step of 1.652 s for 16 images; no overlap: 1.6 + 2 x 0.052 = 1.704 s
+    model, none = 16 / 1.652, 16 / 1.704
+    r = table[("distributed+192px", "2gbit")]
+    assert float(r["predicted_images_per_s"]) == pytest.approx(model, rel=1e-3)
+    assert float(r["no_overlap_images_per_s"]) == pytest.approx(none, rel=1e-3)
+    errors = [100 * (model / 9.65 - 1), 100 * (none / 9.65 - 1)]  # +0.36% and -2.70%
+    assert float(r["model_error_pct"]) == pytest.approx(errors[0], rel=1e-3)
+    assert float(r["no_overlap_error_pct"]) == pytest.approx(errors[1], rel=1e-3)
+    assert float(r["comm_per_backward"]) == pytest.approx(0.104 / 1.0, rel=1e-3)
+    # 4 hosts: each at cores / 4 of its speed where 4 outnumber the cores; a ring of 6 steps of
+    # 1 ms, each byte sent 2 x 3/4 times: 6 ms + 10 MB x 1.5 / 200 MB/s = 81 ms a bucket
+    slower = max(1.0, 4 / os.cpu_count())
+    alone, forward, bucket = 1.6 * slower, 0.6 * slower, 0.006 + 10 * MB * 1.5 / 200e6
+    step = max(forward + 0.4 * slower + bucket, forward + 1.0 * slower) + bucket
+    r4 = table[("distributed+192px+4hosts", "2gbit")]
+    assert float(r4["predicted_images_per_s"]) == pytest.approx(32 / step, rel=1e-3)
+    assert float(r4["no_overlap_images_per_s"]) == pytest.approx(
+        32 / (alone + 2 * bucket), rel=1e-3
+    )
+    errors4 = [100 * (32 / s / 12 - 1) for s in (step, alone + 2 * bucket)]
+    assert float(r4["model_error_pct"]) == pytest.approx(errors4[0], rel=1e-3)
+    # the report says so, and its bar: where the all-reduce is shorter than the backward pass (both
+    # rows), the model's mean |error| against no overlap's
+    md = (test / "benchmark-network.md").read_text()
+    assert "Out of sample, fitted on" in md and "k = 0.2 s / 100.0 ms = 2.000" in md, md
+    model_mean = (abs(errors[0]) + abs(errors4[0])) / 2
+    none_mean = (abs(errors[1]) + abs(100 * (32 / (alone + 2 * bucket) / 12 - 1))) / 2
+    verdict = "PASS" if model_mean < none_mean else "FAIL"
+    bar = f"2 rows: model {model_mean:.1f}%, no overlap {none_mean:.1f}% | **{verdict}** |"
+    assert re.search(rf"^\| out of sample \|.* \| {re.escape(bar)}$", md, re.M), md
+    # the prediction's command prints the same step: the fitting run's link, at 2 Gbit/s
+    command = re.search(r"- prediction, distributed\+192px @ 2gbit: `python (.*)`$", md, re.M)
+    assert "--measured-at 300mbit --link 2gbit" in command.group(1), command.group(1)
+    printed = run([PY, *command.group(1).split(), "--markdown"], timeout=120).stdout
+    assert "| 2gbit | 2 x 1 | ddp | none | 1 | 1652.0 | 104.0 |" in printed, printed
+    # a folder that is not a run at one rate: one line
+    with pytest.raises(SystemExit, match=r"--fit .*: not a start.sh --hosts run at one rate"):
+        network_report(test, "--fit", str(test / "runs-network"))

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import textwrap
 
+import scaling_model
 from scaling_model import Link, calibrated, fsdp_step_time, parse_rate, rebucket, step_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,9 +38,8 @@ DDP_WHAT = "DDP {p} procs x {t} thread(s) vs one process x {c} threads, images/s
 BARS = [("apex", "distributed", None, AMP_WHAT), ("distributed", "dataparallel", 0.90, DDP_WHAT)]
 DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
 
-# Dense (no 2:4 sparsity) bf16 tensor-core TFLOP/s of one GPU from NVIDIA's data sheets, as nanoGPT
-# uses (312 for an A100), by words found in a row in the nvidia-smi name; the first match wins. NVL
-# parts (H100 NVL, H200 NVL: lower clocks) match none: set PEAK_TFLOPS for those and others.
+# Dense bf16 tensor-core TFLOP/s of one GPU (NVIDIA's data sheets, as nanoGPT's 312 for an A100), by
+# words in a row of the nvidia-smi name, the first match; NVL parts (lower clocks) match none.
 GPU_PEAK_TFLOPS = [
     ("H100 PCIE", 756.0),
     ("H100", 989.0),  # the SXM figure: "H100 80GB HBM3" (nvidia-smi's SXM5) and other H100 names
@@ -77,6 +77,7 @@ def main(argv):
     p.add_argument("--hosts", type=int, help="with --network: the number of hosts")
     p.add_argument("--batch", type=int, help="with --network: the global batch of a row")
     p.add_argument("--workers", type=int, default=0, help="with --network: loader processes")
+    p.add_argument("--fit", metavar="DIR", help="with --network: predict from DIR's run instead")
     args = p.parse_args(argv)
     args.command, args.config = as_typed(args.command), as_typed(args.config)
     if args.network:
@@ -109,11 +110,10 @@ def main(argv):
 
 
 def train_flops_per_image(arch, image_size, num_classes=1000):
-    """FLOPs of one forward and backward pass of torchvision's `arch` per image: convolutions and
-    matrix products (norms, activations and the loss are under 1% of a ResNet), counted on the
-    meta device with a batch of 2, which keeps BatchNorm's training mode valid where a feature
-    map is 1 x 1. The backward pass costs twice the forward, less the first convolution's input
-    gradient, which autograd skips: ResNet-18 at 224 px trains at 3 x 3.63 - 0.24 = 10.65 GFLOPs."""
+    """FLOPs of a forward and backward pass of torchvision's `arch` per image: convolutions and
+    matrix products (the rest is under 1% of a ResNet), on the meta device at batch 2 (BatchNorm's
+    training mode needs 2 values a channel); the backward is twice the forward less the first
+    convolution's input gradient: ResNet-18 at 224 px trains at 3 x 3.63 - 0.24 = 10.65 GFLOPs."""
     import torch
     import torchvision
     from torch.utils.flop_counter import FlopCounterMode
@@ -146,9 +146,8 @@ def count_model(rows, arch=None, image_size=None):
 
 
 def cpu_peak(thread_counts, seconds=1.0):
-    """The CPU's capability as the scripts' --amp auto sees it (distributed.py's cpu_bf16_support,
-    which honours ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA), and its matmul GFLOP/s at each
-    thread count: fp32, and bf16 where it is native (emulated bf16 is no peak to divide by)."""
+    """The CPU's capability as --amp auto sees it (distributed.py's cpu_bf16_support), and its
+    matmul GFLOP/s at each thread count: fp32, and bf16 where native (emulated is no peak)."""
     import torch
     from torch.utils import benchmark
 
@@ -277,10 +276,9 @@ def uses_gpus(row):
 
 
 def as_typed(text):
-    """`text` (a command line, a note) with the paths a user types instead of this machine's: a
-    path inside the checkout relative to it (start.sh runs from there), and a program of a virtual
-    environment outside it as `.venv/bin/NAME`, where the README makes one. Other absolute paths
-    are the user's own choice (-o /scratch/..., DATA=/datasets/...) and stay."""
+    """`text` (a command line, a note) with the paths a user types: inside the checkout relative to
+    it (start.sh runs there), a virtual environment's program as `.venv/bin/NAME` (the README's);
+    other absolute paths are the user's own choice (-o /scratch/..., DATA=/datasets/...)."""
     roots = {os.path.abspath(ROOT), os.path.realpath(ROOT)}
 
     def shorten(m):
@@ -324,8 +322,7 @@ def read_metrics(path):
 
 
 def read_stats(path, gpus):
-    """(mean utilization %, 'CPU %' or 'GPU util %', peak RSS of the process tree or summed GPU
-    memory, MiB) from statistics.sh's samples; (None, "", None) without them."""
+    """statistics.sh's samples: mean CPU or GPU util %, which, peak tree RSS or GPU memory MiB."""
     rows = []
     if os.path.isfile(path):
         with open(path, newline="") as f:
@@ -686,19 +683,10 @@ def summarise_network(args, cores):
     """The runs across hosts, and their one-host references (refs, by row), with what they say."""
     runs_dir = os.path.join(args.results, "runs-network")
     manifest = read_manifest(os.path.join(runs_dir, "manifest.tsv"), NET_MANIFEST)
-    profiles = {}
-    for path in glob.glob(os.path.join(runs_dir, "profile-*.json")):
-        profile = json.load(open(path))
-        profiles[profile["image_size"]] = dict(profile, path=path)
     rates = {m["rate"] for m in manifest if m["rate"] != "1 host"}  # slowest first, unshaped last
     rates = sorted(rates, key=lambda x: math.inf if x == "unshaped" else parse_rate(x))
-    links = {}  # per rate: the collectives' benchmarks by host count, and the model's link
-    for rate in rates:
-        paths = glob.glob(os.path.join(runs_dir, f"allreduce-{rate}-n*.json"))
-        paths.sort(key=lambda p: int(re.search(r"-n(\d+)\.json$", p).group(1)))
-        if paths:
-            benches = [json.load(open(p)) for p in paths]
-            links[rate] = dict(benches=benches, link=Link.measured(paths), paths=paths)
+    profiles, links = network_inputs(runs_dir, rates)
+    fit = args.fit and fitted(args.fit)
     refs, runs = {}, []
     for m in manifest:
         if m["row"] == "allreduce":
@@ -731,7 +719,7 @@ def summarise_network(args, cores):
         ok = r["images_per_s"] and ref.get("images_per_s")
         r["efficiency"] = r["images_per_s"] / (r["hosts"] * ref["images_per_s"]) if ok else None
         r["exposed_s"] = r["step_s"] - ref["step_s"] if ok else None
-        predict(r, ref, profiles, links, cores, loader_ips)
+        predict(r, ref, profiles, links, cores, loader_ips, fit)
     at = {(r["row"], r["rate"]): r for r in runs}
     for r in runs:  # a row beside its one-bucket twin at the same rate: the share hidden
         twin = at.get((r["row"] + "+onebucket", r["rate"]))
@@ -747,7 +735,38 @@ def summarise_network(args, cores):
     rows = {}
     for r in runs:
         rows.setdefault(r["row"], refs.get(r["ref"]))
-    return dict(rates=rates, links=links, refs=refs, runs=runs, at=at, rows=rows)
+    return dict(rates=rates, links=links, refs=refs, runs=runs, at=at, rows=rows, fit=fit)
+
+
+def network_inputs(runs_dir, rates):
+    """A run's profiles by image size and links by rate (benchmarks by host count, model link)."""
+    profiles, links = {}, {}
+    for path in glob.glob(os.path.join(runs_dir, "profile-*.json")):
+        profile = json.load(open(path))
+        profiles[profile["image_size"]] = dict(profile, path=path)
+    for rate in rates:
+        paths = glob.glob(os.path.join(runs_dir, f"allreduce-{rate}-n*.json"))
+        paths.sort(key=lambda p: int(re.search(r"-n(\d+)\.json$", p).group(1)))
+        if paths:
+            benches = [json.load(open(p)) for p in paths]
+            links[rate] = dict(benches=benches, link=Link.measured(paths), paths=paths)
+    return profiles, links
+
+
+def fitted(folder):
+    """--fit: from another start.sh --hosts run at one rate and size, the compute's scale factor k
+    (its one-host step of `distributed` over its profile's) and its link (docs/scaling.md)."""
+    try:
+        with open(os.path.join(folder, "benchmark-network.csv")) as f:
+            rows = list(csv.DictReader(f))
+        (rate,) = {r["rate"] for r in rows} - {"1 host"}
+        (step,) = [r["step_s"] for r in rows if (r["row"], r["rate"]) == ("distributed", "1 host")]
+        profiles, links = network_inputs(os.path.join(folder, "runs-network"), [rate])
+        ((size, profile),) = profiles.items()
+        fit = dict(links[rate], folder=folder, rate=rate, bps=parse_rate(rate), size=size)
+        return dict(fit, step=float(step), own=scaling_model.own_step(profile))
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"{sys.argv[0]}: --fit {folder}: not a start.sh --hosts run at one rate: {e!r}")
 
 
 def hidden(step, baseline, alone):
@@ -755,13 +774,19 @@ def hidden(step, baseline, alone):
     return 100 * (baseline - step) / (baseline - alone) if baseline > alone else None
 
 
-def predict(r, ref, profiles, links, cores, loader_ips):
-    """tools/scaling_model.py's images/s for a modeled run, and the command that prints it."""
+def predict(r, ref, profiles, links, cores, loader_ips, fit=None):
+    """tools/scaling_model.py's images/s for a modeled run, and the command that prints it; with
+    fit, out of sample: fit's one-host step and link, taken to the row's size and rate."""
     r["predicted_images_per_s"] = r["model_error_pct"] = r["comm_s"] = r["predicted_step_s"] = None
     r["no_overlap_images_per_s"] = r["no_overlap_error_pct"] = None
     strategy = MODELED.get(r["backend"])
     profile = profiles.get(r["size"])
     link = links.get(r["rate"])
+    if fit and profile and r["rate"] != "unshaped":  # the loader's time scales as the rest does
+        k, loader_ips = fit["step"] / fit["own"], None
+        ref = dict(step_s=k * scaling_model.own_step(profile, r["accum"]))
+        scaled = fit["link"].scaled(r["rate"], parse_rate(r["rate"]) / fit["bps"])
+        link = dict(fit, link=scaled, words=["--measured-at", fit["rate"], "--link", r["rate"]])
     if not (strategy and profile and link and ref.get("step_s")) or r["other"]:
         return
     # the one-host run's step, the same work in one process; where the hosts' processes outnumber
@@ -782,7 +807,8 @@ def predict(r, ref, profiles, links, cores, loader_ips):
     for key, ips in (("model", pred["images_per_s"]), ("no_overlap", r["no_overlap_images_per_s"])):
         r[f"{key}_error_pct"] = 100 * (ips - measured) / measured if measured else None
     words = ["python", "tools/scaling_model.py", "predict", "--profile", profile["path"]]
-    words += ["--allreduce", ",".join(link["paths"]), "--nodes", str(r["hosts"])]
+    words += ["--allreduce", ",".join(link["paths"]), *link.get("words", [])]
+    words += ["--nodes", str(r["hosts"])]
     words += ["--alone-step", f"{alone:g}"]
     words += ["--loader-ips", f"{loader_ips:g}"] if data_s else []
     words += ["--compression", r["compression"]] if r["compression"] != "none" else []
@@ -823,12 +849,23 @@ def network_checks(net):
         )
         ok = r["hidden_pct"] >= NET_HIDDEN_MIN
         check(f"overlap {r['rate']}", what, f">= {NET_HIDDEN_MIN:.0f}%", "0%", ok, text)
+    fit, ran = net["fit"], [r for r in net["runs"] if r.get("model_error_pct") is not None]
+    if fit:  # out of sample, where overlap can matter (FSDP's and one bucket's model hide nothing)
+        under = [r for r in ran if r["comm_per_backward"] < 1 and not r["onebucket"]]
+        under = [r for r in under if MODELED[r["backend"]] == "ddp"]
+        ok, text = None, "no row's communication shorter than its backward pass"
+        if under:
+            errors = ("model_error_pct", "no_overlap_error_pct")
+            model, none = (statistics.mean(abs(r[e]) for r in under) for e in errors)
+            ok, text = (
+                model < none,
+                f"{len(under)} rows: model {model:.1f}%, no overlap {none:.1f}%",
+            )
+        what = f"fitted at {fit['size']} px, {fit['rate']}: mean |error| where comm < backward"
+        check("out of sample", what, "model < no overlap", "", ok, text)
     for strategy, bar in NET_MODEL_ERR.items():
-        errs = [
-            (abs(r["model_error_pct"]), f"{r['row']} @ {r['rate']}")
-            for r in net["runs"]
-            if MODELED.get(r["backend"]) == strategy and r.get("model_error_pct") is not None
-        ]
+        errs = [(abs(r["model_error_pct"]), f"{r['row']} @ {r['rate']}") for r in ran]
+        errs = [e for e, r in zip(errs, ran, strict=True) if MODELED[r["backend"]] == strategy]
         what = f"tools/scaling_model.py's images/s against the measured, every {strategy} run"
         ok, text = None, "not measured"
         if errs:
@@ -924,13 +961,23 @@ def network_model_lines(net):
         return lines + [
             "No prediction: no modeled row ran, or the profile or the link measurement is missing."
         ]
-    ks = [r["calibration"] for r in modeled]
-    lines += [
+    ks, fit = [r["calibration"] for r in modeled], net["fit"]
+    how = (
         f"The profiles' times scaled to each row's one-host step by {min(ks):.2f} to "
         f"{max(ks):.2f}, the link as measured in this run: the model reconstructs these runs from "
-        "their own measurements, it does not predict others. Each prediction's command, below, "
-        "prints the times it used. No overlap: the one-host step plus the same communication, "
-        "nothing hidden (for FSDP and a one-bucket row the model is that).",
+        "their own measurements, it does not predict others."
+    )
+    if fit:
+        how = (
+            f"Out of sample, fitted on {as_typed(fit['folder'])} ({fit['size']} px, {fit['rate']}) "
+            f"and not on this run: a row's one-host step is its profile's x k = {fit['step']:.4g} "
+            f"s / {fit['own'] * 1e3:.1f} ms = {fit['step'] / fit['own']:.3f} (that run's over its "
+            f"profile's), its link that run's, bus bandwidths x the row's rate / {fit['rate']}."
+        )
+    lines += [
+        f"{how} Each prediction's command, below, prints the times it used. No overlap: the "
+        "one-host step plus the same communication, nothing hidden (for FSDP and a one-bucket row "
+        "the model is that).",
         "",
         "| row | link | hosts | measured images/s | model | error | no overlap | error | "
         "comm / compute | comm / backward |",

@@ -3,7 +3,7 @@
 # namespace) whose eth0 is shaped with tc to the rate under test; network_benchmark lists the steps.
 #
 # Uses from start.sh: PROG ROOT PYTHON TORCHRUN RESULTS ARCH IMAGE_SIZE BATCH WORKERS PRINT_FREQ CORES
-# CMDLINE FAILED IS_TTY, die, progress_text, record (to MANIFEST), and NHOSTS LINKS ROWS STEPS set by its options.
+# CMDLINE FAILED IS_TTY, die, progress_text, record (to MANIFEST), NHOSTS LINKS ROWS STEPS set by its options, NET_FIT.
 
 NET_PREFIX=${HOSTS_PREFIX:-nb}      # our own set of hosts, apart from the tests' node0, node1, ...
 NET_NET=${HOSTS_NET:-10.213.9}
@@ -291,6 +291,6 @@ network_benchmark() {
         --arch "$ARCH" --image-size "$IMAGE_SIZE" --hosts "$NHOSTS" --batch "$BATCH" \
         --command "${START_COMMAND:-$CMDLINE}" --title "$NHOSTS test hosts over shaped links, CPU ($CORES cores)" \
         --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" ${LOADER_IPS:+--loader-ips "$LOADER_IPS"} \
-        ${WORKERS:+--workers "$WORKERS"}
+        ${WORKERS:+--workers "$WORKERS"} ${NET_FIT:+--fit "$NET_FIT"}
     exit "$FAILED"
 }

@@ -166,9 +166,8 @@ def main_and_aux(output):
 
 
 def given_profile(arch, image_size, batch, num_classes, images_per_s):
-    """A profile from a published rate, the step split by FLOPs (on the meta device): a module's
-    share of the backward is its own forward FLOPs', the modules done in reverse order of first
-    call, and a parameter is ready when its owner (or the owner's caller) is done."""
+    """A profile from a published rate, split by FLOPs (meta device): a module's share of the
+    backward is its own forward's, done in reverse order of first call, its parameters then."""
     import torch
     import torchvision
     from torch.utils.flop_counter import FlopCounterMode
@@ -232,8 +231,7 @@ def given_profile(arch, image_size, batch, num_classes, images_per_s):
 def calibrated(profile, alone_s, accum=1, data_s=0.0):
     """The profile with its times scaled so that one process's step alone takes alone_s, measured:
     the profile gives the split, the measurement the speed on the day, loader included."""
-    own = accum * (data_s + profile["forward_s"] + profile["backward_s"]) + profile["optimizer_s"]
-    k = alone_s / own
+    k = alone_s / own_step(profile, accum, data_s)
 
     def scaled(items):
         return [dict(item, ready_s=k * item["ready_s"]) for item in items]
@@ -248,6 +246,11 @@ def calibrated(profile, alone_s, accum=1, data_s=0.0):
         params=scaled(profile["params"]),
         calibration=k,
     )
+
+
+def own_step(profile, accum=1, data_s=0.0):
+    """A profile's optimizer step of one process alone."""
+    return accum * (data_s + profile["forward_s"] + profile["backward_s"]) + profile["optimizer_s"]
 
 
 def rebucket(profile, cap_mb):
@@ -286,9 +289,8 @@ def hop_latency(points):
 
 
 class Link:
-    """A node's link: ops {collective: (base seconds, busbw bytes/s)}, hop_s a ring step's latency,
-    intra_busbw bytes/s within a node; fewest: the fewest processes it was measured across, if it
-    was (its latency at fewer is not known: extrapolated down, it can fall below zero)."""
+    """A node's link: ops {collective: (base s, busbw bytes/s)}, hop_s a ring step's latency,
+    intra_busbw within a node; fewest: the fewest processes measured (fewer: latency unknown)."""
 
     def __init__(self, name, ops, hop_s=0.0, intra_busbw=None, fewest=None):
         self.name, self.ops, self.hop_s, self.intra_busbw = name, ops, hop_s, intra_busbw
@@ -328,6 +330,12 @@ class Link:
             f"processes, busbw {busbw * 8 / 1e9:.3f} Gbit/s, hop {hop * 1e3:.2f} ms"
         )
         return cls(name, ops, hop, intra_busbw, fewest)
+
+    def scaled(self, rate, factor):
+        """This link at another rate: its bus bandwidths x factor, its latencies as they are."""
+        ops = {op: (base, busbw * factor) for op, (base, busbw) in self.ops.items()}
+        name = f"{rate}: {self.name}, busbw x {factor:.4g}"
+        return Link(name, ops, self.hop_s, self.intra_busbw, self.fewest)
 
     def time(self, op, nbytes, nodes, per_node):
         n = nodes * per_node
@@ -377,7 +385,7 @@ def fsdp_step_time(profile, link, nodes, per_node, compression="none", accum=1, 
     gather = [link.time("all_gather", b, nodes, per_node) for b in groups]
     scatter = [link.time("reduce_scatter", b * squeeze, nodes, per_node) for b in groups]
     comm = accum * (2 * sum(gather) - gather[-1]) + sum(scatter)  # the root's gathered once
-    alone = accum * (data_s + profile["forward_s"] + profile["backward_s"]) + profile["optimizer_s"]
+    alone = own_step(profile, accum, data_s)
     return result(profile, alone, alone + comm, comm, accum * nodes * per_node)
 
 
@@ -480,8 +488,11 @@ def cmd_predict(args):
     intra = args.intra_busbw * 1e9 if args.intra_busbw else None
     try:
         links = [Link.measured(paths.split(","), intra) for paths in args.allreduce or []]
-        hop = args.latency_us * 1e-6
-        links += [Link.rate(r, args.link_efficiency, hop, intra) for r in args.link or []]
+        hop, at = args.latency_us * 1e-6, args.measured_at and parse_rate(args.measured_at)
+        if at:  # the measured links taken to each --link rate: out of sample (docs/scaling.md)
+            links = [m.scaled(r, parse_rate(r) / at) for m in links for r in args.link or []]
+        else:
+            links += [Link.rate(r, args.link_efficiency, hop, intra) for r in args.link or []]
     except (OSError, ValueError, KeyError) as e:
         fail(str(e))
     if not links:
@@ -587,6 +598,7 @@ def main():
     add("--allreduce", action="append", metavar="JSON,...", help="a link allreduce_bench measured")
     add("--link", type=comma_list(str, "--link"), help="rates, e.g. 25gbit,100gbit")
     add("--link-efficiency", type=positive, default=1.0, help="with --link: busbw / rate (1)")
+    add("--measured-at", metavar="RATE", help="--allreduce's rate: its busbw scaled to --link's")
     add("--latency-us", type=float, default=0.0, help="with --link: a ring step's latency (0)")
     add("--intra-busbw", type=positive, metavar="GB/s", help="busbw within a node")
     add("--nodes", type=comma_list(int, "--nodes"), default=[2])
