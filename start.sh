@@ -59,10 +59,12 @@ Across test hosts over shaped links (as root; RESULTS_DIR/benchmark-network.{csv
   (--grad-compression), accumK (--gradient-accumulation-steps K, global batch x K: the same
   micro-batch per process), SIZEpx (--image-size SIZE), Mhosts (M hosts instead of N, the same
   micro-batch per process), onebucket (DDP's gradients in one bucket: no overlap with the backward
-  pass), or a script option as one word (distributed+--amp=bf16). tools/scaling_model.py
-  measures one process's compute first, and the report sets its predictions beside the measured
-  images/s. Defaults: ResNet-18, 64 px, global batch 16 (8 per process), STEPS=8 steps (the first
-  2 left out of images/s), -j 0, links $NET_LINKS, rows $NET_ROWS.
+  pass), timeline (tools/scaling_model.py timeline: each DDP bucket's all-reduce timed, per rank,
+  in the row's folder), or a script option as one word (distributed+--amp=bf16).
+  tools/scaling_model.py measures one process's compute first, and the report sets its
+  predictions beside the measured images/s. Defaults: ResNet-18, 64 px, global batch 16 (8 per
+  process), STEPS=8 steps (the first 2 left out of images/s), -j 0, links $NET_LINKS, rows
+  $NET_ROWS.
   About 10 minutes on 2 cores.
 
 Options and environment (flags win over environment):

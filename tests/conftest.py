@@ -112,6 +112,7 @@ FULL_ONLY = [
     "test_network_bench.py::test_allreduce_bench_reports_busbw",
     "test_network_bench.py::test_latency_grows",
     "test_network_bench.py::test_one_bucket",
+    "test_network_bench.py::test_the_timeline_of_a_two_process_run",  # its summary runs in-process
     # across test hosts: the default runs torchrun and srun (bounded waits for a lost process:
     # test_bad_input.py); horovodrun through ssh only here, so the default needs no sshd
     "test_multihost.py::test_horovodrun",

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import BIN, CLUSTER, PY, ROOT, env, error_lines, needs_root, run
+from helpers import BIN, CLUSTER, PY, ROOT, TINY, env, error_lines, needs_root, run, torchrun
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import benchmark_report  # noqa: E402
@@ -149,8 +149,8 @@ def test_slow_link_lowers_images_per_s_compression_raises_them_and_the_model_pre
 
 def test_a_row_is_a_backend_plus_script_arguments():
     """What each tag of a row adds to the script's command line (netbench.sh's parse_row), accumK's
-    micro-batches, SIZEpx's image size, Mhosts' hosts, onebucket's wrapper, and the one-host row
-    each is compared with."""
+    micro-batches, SIZEpx's image size, Mhosts' hosts, onebucket's and timeline's wrapper, and the
+    one-host row each is compared with."""
     show = (
         'IMAGE_SIZE=64 NHOSTS=2; source tools/netbench.sh; for row in "$@"; do parse_row "$row"; '
         'echo "$R_SCRIPT $R_K $R_SIZE $R_HOSTS ${R_WRAP[*]}| ${R_ARGS[*]} < $(ref_of "$row")"; done'
@@ -163,6 +163,8 @@ def test_a_row_is_a_backend_plus_script_arguments():
         "apex+accum2",
         "fsdp+4hosts",
         "distributed+224px+onebucket",
+        "distributed+224px+timeline",
+        "apex+timeline+onebucket",
     ]
     p = run(["bash", "-c", show, "-", *rows], timeout=60)
     assert p.stdout.splitlines() == [
@@ -175,6 +177,8 @@ def test_a_row_is_a_backend_plus_script_arguments():
         "apex_distributed.py 2 64 2 | --gradient-accumulation-steps 2 < apex+accum2",
         "fsdp_distributed.py 1 64 4 |  < distributed",
         "distributed.py 1 224 2 tools/scaling_model.py one-bucket|  < distributed+224px",
+        "distributed.py 1 224 2 tools/scaling_model.py timeline|  < distributed+224px",
+        "apex_distributed.py 1 64 2 tools/scaling_model.py timeline --one-bucket|  < apex",
     ]
 
 
@@ -194,6 +198,7 @@ def test_rows_and_links_are_checked_before_anything_runs(tmp_path):
         (["--hosts", "2", "--rows", "distributed+1hosts"], "'1hosts' wants 2 to 16 hosts"),
         (["--hosts", "2", "--rows", "horovod"], "'horovod' does not run across hosts"),
         (["--hosts", "2", "--rows", "fsdp+onebucket"], "onebucket is for torchrun's DDP rows"),
+        (["--hosts", "2", "--rows", "fsdp+timeline"], "timeline is for torchrun's DDP rows"),
         (["--link", "1gbit"], "--link, --rows and --steps go with --hosts N"),
     ]
     for args, message in cases:
@@ -665,7 +670,7 @@ def network_run(folder, rate, rows, profiles, benches):
         run_dir = runs / ("1host" if one else at) / row
         run_dir.mkdir(parents=True)
         (run_dir / "metrics.jsonl").write_text(json.dumps(dict(train_images_per_s=ips)) + "\n")
-        tags = [t for t in row.split("+")[1:] if t != "onebucket"]
+        tags = [t for t in row.split("+")[1:] if t not in ("onebucket", "timeline")]
         ref = "distributed+" + "+".join(t for t in tags if "hosts" not in t)  # as netbench.sh's
         fields = [row, at, ref.rstrip("+"), "ok", str(procs), "1", "0", "9", "x"]
         lines.append("\t".join(fields))
@@ -710,7 +715,7 @@ def test_a_model_fitted_on_one_run_predicts_another_it_never_saw(tmp_path):
     assert float(network_report(fit)[("distributed", "1 host")]["step_s"]) == pytest.approx(0.2)
     # the run to predict: its own one-host step (0.5 s) and link (1 MB/s) are not to be used
     rows = {("distributed+192px", "1 host"): (16.0, 1), ("distributed+192px", "2gbit"): (9.65, 2)}
-    rows[("distributed+192px+4hosts", "2gbit")] = (12.0, 4)
+    rows[("distributed+192px+4hosts+timeline", "2gbit")] = (12.0, 4)
     profile = two_bucket_profile(0.3, 0.5, [0.2, 0.5])
     network_run(test, "2gbit", rows, {192: profile}, {2: (0.1, 0.1, 1e6)})
     table = network_report(test, "--fit", str(fit))
@@ -726,12 +731,13 @@ def test_a_model_fitted_on_one_run_predicts_another_it_never_saw(tmp_path):
     assert float(r["model_error_pct"]) == pytest.approx(errors[0], rel=1e-3)
     assert float(r["no_overlap_error_pct"]) == pytest.approx(errors[1], rel=1e-3)
     assert float(r["comm_per_backward"]) == pytest.approx(0.104 / 1.0, rel=1e-3)
-    # 4 hosts: each at cores / 4 of its speed where 4 outnumber the cores; a ring of 6 steps of
-    # 1 ms, each byte sent 2 x 3/4 times: 6 ms + 10 MB x 1.5 / 200 MB/s = 81 ms a bucket
+    # 4 hosts (timed: a row like any other): each at cores / 4 of its speed where 4 outnumber the
+    # cores; a ring of 6 steps of 1 ms, each byte sent 2 x 3/4 times: 6 ms + 10 MB x 1.5 / 200 MB/s
+    # = 81 ms a bucket
     slower = max(1.0, 4 / os.cpu_count())
     alone, forward, bucket = 1.6 * slower, 0.6 * slower, 0.006 + 10 * MB * 1.5 / 200e6
     step = max(forward + 0.4 * slower + bucket, forward + 1.0 * slower) + bucket
-    r4 = table[("distributed+192px+4hosts", "2gbit")]
+    r4 = table[("distributed+192px+4hosts+timeline", "2gbit")]
     assert float(r4["predicted_images_per_s"]) == pytest.approx(32 / step, rel=1e-3)
     assert float(r4["no_overlap_images_per_s"]) == pytest.approx(
         32 / (alone + 2 * bucket), rel=1e-3
@@ -755,3 +761,76 @@ def test_a_model_fitted_on_one_run_predicts_another_it_never_saw(tmp_path):
     # a folder that is not a run at one rate: one line
     with pytest.raises(SystemExit, match=r"--fit .*: not a start.sh --hosts run at one rate"):
         network_report(test, "--fit", str(test / "runs-network"))
+
+
+def test_a_timeline_summary_gives_each_buckets_times_and_what_the_backward_did_not_hide():
+    """The medians over the steps after the warm-up, in ms since the backward started, per bucket;
+    the communication is the union of the collectives' spans (an overlap counted once), and the
+    part of it after the backward's last gradient is what it did not hide."""
+
+    def bucket(mb, params, hook, launch, done):
+        return dict(bytes=mb * 1e6, params=params, hook=hook, launch=launch, done=done)
+
+    warm_up = dict(grads=[0.1, 0.1, 0.1], buckets=[bucket(5, [0, 1, 2], 0.1, 0.1, 0.3)])
+    steps = [warm_up]  # DDP's first step, in one bucket: left out
+    steps.append(  # gradients 0 and 1 in the first bucket, 2 in the second
+        dict(
+            grads=[0.010, 0.020, 0.050],
+            buckets=[bucket(4, [0, 1], 0.021, 0.022, 0.040), bucket(1, [2], 0.051, 0.052, 0.090)],
+        )
+    )
+    steps.append(  # the second bucket launched while the first runs: [34, 70] and [65, 100] ms
+        dict(
+            grads=[0.012, 0.030, 0.060],
+            buckets=[bucket(4, [0, 1], 0.031, 0.034, 0.070), bucket(1, [2], 0.061, 0.065, 0.100)],
+        )
+    )
+    lines = scaling_model.timeline_summary(dict(rank=1, world_size=2, steps=steps), warmup=1)
+    assert lines[0] == "rank 1 of 2, 2 steps after 1; medians, ms since the backward started:"
+    # bucket 0: its last gradient at 20 and 30 ms, hook 21 and 31, launched 22 and 34, done 40 and
+    # 70: all-reduces of 18 and 36 ms
+    assert lines[4] == "| 0 | 4.00 | 2 | 25.0 | 26.0 | 28.0 | 55.0 | 27.0 |"
+    assert lines[5] == "| 1 | 1.00 | 1 | 55.0 | 56.0 | 58.5 | 95.0 | 36.5 |"
+    # communication: 18 + 38 = 56 ms, and [34, 100] = 66 ms; after the last gradient (50, 60 ms):
+    # [52, 90] = 38 ms, [60, 100] = 40 ms
+    assert lines[-1] == (
+        "The backward's last gradient at 55.0 ms, the last all-reduce done at 95.0 ms; "
+        "communication 61.0 ms, 39.0 ms of it after the last gradient (not hidden)."
+    )
+    empty = dict(rank=0, world_size=2, steps=steps[:1])
+    assert scaling_model.timeline_summary(empty, warmup=1) == [
+        "rank 0 of 2: no step with an all-reduce after 1 warm-up steps"
+    ]
+
+
+@pytest.mark.parametrize("one_bucket", [False, True])
+def test_the_timeline_of_a_two_process_run_has_each_bucket_of_each_step_on_both_ranks(
+    tmp_path, tiny_data, one_bucket
+):
+    """scaling_model.py timeline around distributed.py, 2 processes on loopback at 16 px: every
+    training step's backward, on each rank, with each of DDP's buckets ready, launched and done in
+    that order, and together all the gradients; with --one-bucket, one bucket of them all. The
+    one-bucket run compresses its gradients to bf16: the script's own hook is the one timed."""
+    tool = os.path.join(ROOT, "tools", "scaling_model.py")
+    timeline = [tool, "timeline", *(["--one-bucket"] if one_bucket else [])]
+    script = [os.path.join(ROOT, "distributed.py"), "--data", tiny_data, *TINY]
+    extra = ["--grad-compression", "bf16"] if one_bucket else []
+    p = run(torchrun(2, *timeline, *script, *extra, "--output-dir", str(tmp_path)), timeout=600)
+    n_params = len(torchvision_named_parameters("resnet18"))
+    for rank in (0, 1):
+        data = json.loads((tmp_path / f"timeline-rank{rank}.json").read_text())
+        assert data["rank"] == rank and data["world_size"] == 2
+        assert len(data["steps"]) == 4  # 48 images, 12 a step
+        for step in data["steps"]:
+            assert all(0 < t for t in step["grads"]) and len(step["grads"]) == n_params
+            for b in step["buckets"]:
+                ready = max(step["grads"][i] for i in b["params"])
+                assert ready <= b["hook"] <= b["launch"] <= b["done"], b
+            params = sorted(i for b in step["buckets"] for i in b["params"])
+            assert params == list(range(n_params))
+        buckets = len(data["steps"][-1]["buckets"])
+        assert buckets == 1 if one_bucket else buckets > 1, data["steps"][-1]
+        summary = (tmp_path / f"timeline-rank{rank}.md").read_text()
+        assert summary.startswith(f"rank {rank} of 2, 2 steps after 2;") and summary in p.stdout
+    metrics = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["train_images_per_s"] > 0

@@ -672,8 +672,8 @@ def row_parts(row, hosts=2, size=None):
             parts["accum"] = int(t[5:])
         elif re.fullmatch(r"[1-9]\d*(px|hosts)", t):
             parts["size" if t.endswith("px") else "hosts"] = int(re.match(r"\d+", t).group())
-        elif t == "onebucket":
-            parts["onebucket"] = True
+        elif t in ("onebucket", "timeline"):  # timeline: the run timed, as it is
+            parts["onebucket"] = parts["onebucket"] or t == "onebucket"
         else:
             parts["other"].append(t)
     return parts

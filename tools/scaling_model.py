@@ -13,6 +13,7 @@ process's compute and a link. docs/scaling.md describes the model and checks it 
 import argparse
 import itertools
 import json
+import math
 import os
 import re
 import statistics
@@ -441,19 +442,136 @@ def cmd_profile(args):
     )
 
 
-def cmd_one_bucket(args):
-    """Runs a script with all DDP's gradients in one bucket: the no-overlap baseline of a row."""
+def cmd_run(args):
+    """one-bucket and timeline: runs a script with its DDP changed (the scripts look
+    DistributedDataParallel up when they wrap their model)."""
     import runpy
 
     from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    class OneBucket(nn.parallel.DistributedDataParallel):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs, bucket_cap_mb=2**20)  # 1 TiB: any model fits
+    timelines = []
 
-    nn.parallel.DistributedDataParallel = OneBucket  # the scripts look it up when they wrap
-    sys.argv = [args.script, *args.args]
-    runpy.run_path(args.script, run_name="__main__")
+    class DDP(nn.parallel.DistributedDataParallel):
+        def __init__(self, *a, **kw):
+            if args.one_bucket:
+                kw["bucket_cap_mb"] = 2**20  # 1 TiB: any model fits
+            super().__init__(*a, **kw)
+            if args.command == "timeline":  # DDP's default hook, timed, unless the script has one
+                timelines.append(Timeline(self, allreduce_hook))
+                super().register_comm_hook(None, timelines[-1].run)
+
+        def register_comm_hook(self, state, hook):  # the script's own (--grad-compression)
+            if args.command != "timeline":
+                return super().register_comm_hook(state, hook)
+            timelines[-1].state, timelines[-1].hook = state, hook
+
+    nn.parallel.DistributedDataParallel = DDP
+    sys.argv, words = [args.script, *args.args], args.args
+    out = args.out or (words[words.index("--output-dir") + 1] if "--output-dir" in words else ".")
+    try:
+        runpy.run_path(args.script, run_name="__main__")
+    finally:
+        for timeline in timelines:
+            timeline.write(out, args.warmup)
+
+
+class Timeline:
+    """A DDP model's backward passes, each timed from its start (the gradient of the model's output
+    computed): when each parameter's gradient was accumulated, and for each bucket when DDP called
+    its comm hook (its gradients ready and the buckets before it launched), when the hook had
+    launched the collective and when that was done."""
+
+    def __init__(self, model, hook):
+        import torch.distributed as dist
+
+        self.rank, self.world, self.steps = dist.get_rank(), dist.get_world_size(), []
+        self.state, self.hook = None, hook
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.index = {id(p): i for i, p in enumerate(params)}
+        for i, p in enumerate(params):
+            p.register_post_accumulate_grad_hook(lambda _, i=i: self.grad_ready(i))
+        model.register_forward_hook(lambda _, __, output: self.watch(output))
+
+    def watch(self, output):
+        first, step = main_and_aux(output)[0], dict(grads=[None] * len(self.index), buckets=[])
+        if first.requires_grad:  # a training step's output: its backward starts a step
+            first.register_hook(lambda _: self.steps.append(dict(step, start=time.perf_counter())))
+
+    def since(self):  # since the backward started (DDP's backward waits for its collectives)
+        return time.perf_counter() - self.steps[-1]["start"]
+
+    def grad_ready(self, i):
+        if self.steps:
+            self.steps[-1]["grads"][i] = self.since()
+
+    def run(self, state, bucket):  # the comm hook: the script's, timed
+        buffer, params = bucket.buffer(), [self.index[id(p)] for p in bucket.parameters()]
+        entry = dict(bytes=buffer.numel() * buffer.element_size(), params=params, hook=self.since())
+        future = self.hook(self.state, bucket)
+        entry["launch"] = self.since()
+        self.steps[-1]["buckets"].append(entry)
+
+        def done(f):
+            entry["done"] = self.since()
+            return f.value()
+
+        return future.then(done)
+
+    def write(self, folder, warmup):
+        path = os.path.join(folder, f"timeline-rank{self.rank}")
+        data = dict(rank=self.rank, world_size=self.world, steps=self.steps)
+        os.makedirs(folder, exist_ok=True)
+        with open(path + ".json", "w") as f:
+            f.write(json.dumps(data) + "\n")
+        text = "\n".join(timeline_summary(data, warmup)) + "\n"
+        with open(path + ".md", "w") as f:
+            f.write(text)
+        print(text + f"{PROG}: wrote {path}.json, .md", flush=True)
+
+
+def timeline_summary(timeline, warmup=2):
+    """Medians over a timeline's steps after `warmup`, in ms since the backward started: per bucket,
+    when its last gradient was ready, its hook called, its collective launched and done; then the
+    communication and the part of it after the backward's last gradient, which nothing hid."""
+    steps = [s for s in timeline["steps"] if s["buckets"]][warmup:]
+    head = f"rank {timeline['rank']} of {timeline['world_size']}"
+    if not steps:
+        return [f"{head}: no step with an all-reduce after {warmup} warm-up steps"]
+    steps = [s for s in steps if len(s["buckets"]) == len(steps[-1]["buckets"])]  # DDP's rebuilt
+
+    def ms(value):  # the median over the steps of value(step), in ms
+        return f"{1e3 * statistics.median(value(s) for s in steps):.1f}"
+
+    def end(s):  # the backward's last gradient
+        return max(t for t in s["grads"] if t is not None)
+
+    def comm(s, since=-math.inf):  # the collectives' spans after `since`, an overlap counted once
+        total, reached = 0.0, since
+        for start, done in sorted((b["launch"], b["done"]) for b in s["buckets"]):
+            total, reached = total + max(0.0, done - max(start, reached)), max(reached, done)
+        return total
+
+    lines = [
+        f"{head}, {len(steps)} steps after {warmup}; medians, ms since the backward started:",
+        "",
+        "| bucket | MB | gradients | last gradient ready | hook called | launched | done | "
+        "launched to done |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for i, b in enumerate(steps[-1]["buckets"]):
+        cells = [i, f"{b['bytes'] / 1e6:.2f}", len(b["params"])]
+        cells.append(ms(lambda s, i=i: max(s["grads"][p] for p in s["buckets"][i]["params"])))
+        cells += [ms(lambda s, i=i, k=k: s["buckets"][i][k]) for k in ("hook", "launch", "done")]
+        cells.append(ms(lambda s, i=i: s["buckets"][i]["done"] - s["buckets"][i]["launch"]))
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    last = ms(lambda s: max(b["done"] for b in s["buckets"]))
+    return lines + [
+        "",
+        f"The backward's last gradient at {ms(end)} ms, the last all-reduce done at {last} ms; "
+        f"communication {ms(comm)} ms, {ms(lambda s: comm(s, end(s)))} ms of it after the last "
+        "gradient (not hidden).",
+    ]
 
 
 def load_profile(args):
@@ -583,9 +701,15 @@ def main():
     pr.set_defaults(func=cmd_profile)
 
     ob = sub.add_parser("one-bucket", help="run a script with DDP's gradients in one bucket")
-    ob.add_argument("script")
-    ob.add_argument("args", nargs=argparse.REMAINDER)
-    ob.set_defaults(func=cmd_one_bucket)
+    ob.set_defaults(one_bucket=True, out=None, warmup=0)
+    tl = sub.add_parser("timeline", help="run a script, timing DDP's buckets and its backward")
+    tl.add_argument("--one-bucket", action="store_true", help="with DDP's gradients in one bucket")
+    tl.add_argument("--out", metavar="DIR", help="default: the script's --output-dir DIR, else .")
+    tl.add_argument("--warmup", type=int, default=2, help="steps the summary leaves out (2)")
+    for run in (ob, tl):
+        run.add_argument("script")
+        run.add_argument("args", nargs=argparse.REMAINDER)
+        run.set_defaults(func=cmd_run)
 
     pd = sub.add_parser("predict", help="step time, images/s and efficiency")
     add = pd.add_argument
