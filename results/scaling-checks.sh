@@ -8,9 +8,10 @@
 #    one-host step, from which the model takes its compute's scale factor and its link
 # 2. test1..3: 192 px at 2 Gbit/s, 2 and 4 hosts, three times, each report's predictions fitted on
 #    1 alone (NET_FIT), beside the no-overlap baseline, with their errors and the bar
-# 3. timeline: 224 px at 1 Gbit/s, the DDP row and its one-bucket twin, each plain and timed
-#    (tools/scaling_model.py timeline), the ranks' summaries gathered in timelines.md
-# Each report records its own command, wall time and load. Estimated 12 minutes on an idle 2-core
+# 3. timeline: 224 px at 300 Mbit/s and 1 Gbit/s (two points: one to fit a term on, one to check
+#    it), the DDP row and its one-bucket twin, each plain and timed (tools/scaling_model.py
+#    timeline), the ranks' summaries gathered in timelines.md
+# Each report records its own command, wall time and load. Estimated 14 minutes on an idle 2-core
 # machine (from the 562 s of results/benchmark-network.md and its rows' images/s; not measured).
 # STEPS, TEST_SIZE, TIMELINE_SIZE and start.sh's ARCH, IMAGE_SIZE make a shorter run of it.
 set -euo pipefail
@@ -27,11 +28,11 @@ start --link 300mbit --rows distributed,distributed+4hosts -o "$OUT/fit"
 for i in 1 2 3; do
     NET_FIT=$OUT/fit start --link 2gbit --rows "$TEST,$TEST+4hosts" -o "$OUT/test$i"
 done
-start --link 1gbit --rows "$TIMED,$TIMED+onebucket,$TIMED+timeline,$TIMED+timeline+onebucket" \
-    -o "$OUT/timeline"
-for row in "$TIMED+timeline" "$TIMED+timeline+onebucket"; do
-    printf '## %s\n\n' "$row"
-    for f in "$OUT/timeline/runs-network/1gbit/$row"/timeline-rank*.md; do cat "$f"; echo; done
+start --link 300mbit,1gbit -o "$OUT/timeline" \
+    --rows "$TIMED,$TIMED+onebucket,$TIMED+timeline,$TIMED+timeline+onebucket"
+for run in "$OUT"/timeline/runs-network/*bit/"$TIMED"+timeline*/; do
+    printf '## %s\n\n' "${run#"$OUT"/timeline/runs-network/}"
+    for f in "$run"timeline-rank*.md; do cat "$f"; echo; done
 done >"$OUT/timeline/timelines.md"
 echo "results/scaling-checks.sh: wrote $OUT/*/benchmark-network.md and $OUT/timeline/timelines.md"
 exit "$FAILED"
