@@ -10,7 +10,7 @@
 # root it installs openssh-server, iproute2 and util-linux when missing (the test hosts of
 # tests/test_multihost.py, each with an sshd) and starts the one-node Slurm cluster
 # (tools/slurm-local.sh; stopped afterwards if started here); -m gpu runs the GPU tests alone, which
-# need neither. Then pytest runs in TEST_WORKERS pytest-xdist processes (default 3; -n N among the
+# need neither. Then pytest runs in TEST_WORKERS pytest-xdist processes (default 2, 3 with --all; -n N among the
 # arguments wins). A missing backend fails its tests unless ALLOW_MISSING_BACKENDS=1, which makes
 # those visible skips; run by a user who is not root, the tests that need root skip, each naming
 # what it needs. With CI=true nothing skips: they fail.
@@ -39,12 +39,12 @@ VENV=${VENV:-$PWD/.venv}
 root=0
 if [ "$(id -u)" = 0 ]; then root=1; fi
 
-# all of tests/ unless the arguments name test files; 3 workers (on two cores, with cold Inductor
-# caches: 1059 s with 3, 1043 s with 2, the cores busy 95% of the time; 4 were slower) unless they
-# say how many (-n) or turn xdist off (-p no:xdist). loadgroup
-# keeps each xdist_group on one worker; the tests go out in the order conftest.py sorts them in
-where=(tests)
-workers=(-n "${TEST_WORKERS:-3}")
+# all of tests/ unless the arguments name test files; 2 workers, 3 for the full run (on two cores,
+# with cold Inductor caches: 1059 s with 3, 1043 s with 2, the cores busy 95% of the time; 4 were
+# slower; each worker imports torch), unless they say how many (-n) or turn xdist off
+# (-p no:xdist). loadgroup keeps each xdist_group on one worker; the tests go out in the order
+# conftest.py sorts them in
+workers=(-n "${TEST_WORKERS:-$((2 + full))}")
 dist=(--dist loadgroup --no-loadscope-reorder)
 paths=()
 gpu_only=0

@@ -53,6 +53,23 @@ def fails(cmd, expected, cwd=ROOT, timeout=120, **kw):
     return p
 
 
+def fails_here(monkeypatch, capsys, args, expected, module=distributed):
+    """fails() in this process, which has imported torch already: the script's main() with `args`
+    for a command line, as `python <script>` starts it (one process). For the checks made before
+    or soon after a process group of one exists; a real process shows the lone line elsewhere
+    (test_missing_data_folder_is_named). The environment main() sets is undone afterwards."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(sys, "argv", [module.__file__, *args])
+    with pytest.raises(SystemExit) as end:
+        module.main()
+    err = capsys.readouterr().err
+    assert end.value.code not in (0, None) and err.count("\n") == 1 and expected in err, err
+    return err
+
+
 def single(*args):
     return launch_cmd("python", 1, "distributed.py") + list(args)
 
@@ -257,8 +274,13 @@ def test_image_headers_give_the_size_pil_reads(tiny_data, tmp_path, monkeypatch)
 # ---- options ----
 
 
-def test_unknown_arch(tiny_data):
-    fails(single("--data", tiny_data, "-a", "resnet1234"), "unknown --arch 'resnet1234'")
+def test_unknown_arch(tiny_data, monkeypatch, capsys):
+    fails_here(
+        monkeypatch,
+        capsys,
+        ["--data", tiny_data, "-a", "resnet1234"],
+        "unknown --arch 'resnet1234'",
+    )
 
 
 def test_nccl_without_cuda(tiny_data):
@@ -391,16 +413,10 @@ def test_output_folder_that_cannot_be_made_is_one_line_before_training(tiny_data
     assert "Traceback" not in p.stderr and "Epoch" not in p.stdout
 
 
-def test_slurm_script_outside_slurm_says_how_to_launch(tiny_data):
-    e = {k: v for k, v in env().items() if not k.startswith("SLURM_")}
-    p = run(
-        [PY, script("distributed_slurm_main.py"), "--data", tiny_data],
-        check=False,
-        env=e,
-        timeout=120,
-    )
-    assert p.returncode != 0
-    assert p.stderr.strip().count("\n") == 0 and "run it with srun" in p.stderr
+def test_slurm_script_outside_slurm_says_how_to_launch(tiny_data, monkeypatch, capsys):
+    import distributed_slurm_main as slurm
+
+    fails_here(monkeypatch, capsys, ["--data", tiny_data], "run it with srun", module=slurm)
 
 
 def test_slurm_script_names_an_unreadable_data_folder_not_the_rendezvous(tiny_data, tmp_path):
@@ -433,12 +449,10 @@ def test_slurm_script_names_an_unreadable_data_folder_not_the_rendezvous(tiny_da
 # ---- checkpoints ----
 
 
-def test_missing_resume_checkpoint(tiny_data, tmp_path):
-    fails(
-        single("--data", tiny_data, "--resume", str(tmp_path / "ck.pth.tar"))
-        + ["--output-dir", str(tmp_path / "o")],
-        f"no checkpoint at {tmp_path / 'ck.pth.tar'}",
-    )
+def test_missing_resume_checkpoint(tiny_data, tmp_path, monkeypatch, capsys):
+    args = ["--data", tiny_data, "--resume", str(tmp_path / "ck.pth.tar")]
+    expected = f"no checkpoint at {tmp_path / 'ck.pth.tar'}"
+    fails_here(monkeypatch, capsys, [*args, "--output-dir", str(tmp_path / "o")], expected)
 
 
 def test_checkpoint_of_another_arch_is_refused(tiny_data, reference, tmp_path):
@@ -451,7 +465,9 @@ def test_checkpoint_of_another_arch_is_refused(tiny_data, reference, tmp_path):
     )
 
 
-def test_checkpoint_that_would_run_code_is_refused_with_one_line(tiny_data, tmp_path):
+def test_checkpoint_that_would_run_code_is_refused_with_one_line(
+    tiny_data, tmp_path, monkeypatch, capsys
+):
     marker = tmp_path / "pwned"
 
     class Payload:
@@ -460,12 +476,8 @@ def test_checkpoint_that_would_run_code_is_refused_with_one_line(tiny_data, tmp_
 
     evil = tmp_path / "evil.pth.tar"
     torch.save(dict(arch="resnet18", num_classes=7, epoch=1, best_acc1=0.0, model=Payload()), evil)
-    p = fails(
-        single("--data", tiny_data, *TINY, "--resume", str(evil))
-        + ["--output-dir", str(tmp_path / "o")],
-        f"cannot load checkpoint {evil}",
-    )
-    assert p.stderr.strip().count("\n") == 0, p.stderr[-3000:]
+    args = ["--data", tiny_data, *TINY, "--resume", str(evil), "--output-dir", str(tmp_path / "o")]
+    fails_here(monkeypatch, capsys, args, f"cannot load checkpoint {evil}")
     assert not marker.exists()
     torch.load(evil, weights_only=False)  # the payload is live: a trusting load runs it
     assert marker.exists()

@@ -106,86 +106,51 @@ def test_sharded_training_gives_the_single_process_parameters_and_momentum(
     assert max_param_diff(momentum(reference), momentum(out)) < PARAM_TOL
 
 
+TWO_EPOCHS = [*TINY[:-4], "--epochs", "2", "-p", "100"]
+assert TINY[-4:-2] == ["--epochs", "1"]
+
+
 @FSDP_RUNS
-def test_checkpoints_resume_exactly_and_move_between_fsdp_and_ddp(
-    reference, fsdp_runs, tiny_data, tmp_path
-):
-    two_epochs = [*TINY[:-4], "--epochs", "2", "-p", "100"]
-    assert TINY[-4:-2] == ["--epochs", "1"]
+def test_checkpoints_move_between_fsdp_and_ddp_both_ways(reference, fsdp_runs, tiny_data, tmp_path):
+    """Epoch 0's checkpoints of FSDP at 2 processes and of one DDP process (equal to PARAM_TOL:
+    the test above), each resumed by the other script for epoch 1, end alike; a checkpoint
+    misread either way would not."""
+    # FSDP's checkpoint goes on in distributed.py (one process)
+    first = os.path.join(fsdp_runs[2], "checkpoint.pth.tar")
+    ddp = [PY, script("distributed.py"), "--data", tiny_data, *TWO_EPOCHS, *EXACT]
+    run([*ddp, "--resume", first, "--output-dir", str(tmp_path / "ddp")])
+    # and the one-process checkpoint in fsdp_distributed.py
+    from_ddp = ["--resume", os.path.join(reference, "checkpoint.pth.tar")]
     run(
         fsdp(
             2,
             "--data",
             tiny_data,
-            *two_epochs,
+            *TWO_EPOCHS,
             *EXACT,
-            *ACCUMULATE[2],
-            "--output-dir",
-            str(tmp_path / "straight"),
-        )
-    )
-    first = os.path.join(fsdp_runs[2], "checkpoint.pth.tar")  # epoch 0 at 2 processes
-    # stopped after epoch 0 and resumed: bit for bit the run that never stopped
-    run(
-        fsdp(
-            2,
-            "--data",
-            tiny_data,
-            *two_epochs,
-            *EXACT,
-            *ACCUMULATE[2],
-            "--resume",
-            first,
-            "--output-dir",
-            str(tmp_path / "again"),
-        )
-    )
-    assert (
-        max_param_diff(params(str(tmp_path / "straight")), params(str(tmp_path / "again"))) == 0.0
-    )
-    assert (
-        max_param_diff(momentum(str(tmp_path / "straight")), momentum(str(tmp_path / "again")))
-        == 0.0
-    )
-    # FSDP's checkpoint goes on in distributed.py (here one process), and a DDP checkpoint in
-    # fsdp_distributed.py
-    run(
-        [
-            PY,
-            script("distributed.py"),
-            "--data",
-            tiny_data,
-            *two_epochs,
-            *EXACT,
-            "--resume",
-            first,
-            "--output-dir",
-            str(tmp_path / "ddp"),
-        ]
-    )
-    assert (
-        max_param_diff(params(str(tmp_path / "straight")), params(str(tmp_path / "ddp")))
-        < PARAM_TOL
-    )
-    run(
-        fsdp(
-            2,
-            "--data",
-            tiny_data,
-            *two_epochs,
-            *EXACT,
-            "--resume",
-            os.path.join(reference, "checkpoint.pth.tar"),
+            *from_ddp,
             "--output-dir",
             str(tmp_path / "from_ddp"),
         )
     )
-    assert (
-        max_param_diff(params(str(tmp_path / "straight")), params(str(tmp_path / "from_ddp")))
-        < PARAM_TOL
-    )
+    diff = max_param_diff(params(str(tmp_path / "ddp")), params(str(tmp_path / "from_ddp")))
+    assert diff < PARAM_TOL, diff
     # (distributed.py --evaluate gives an FSDP checkpoint FSDP's Acc@1: the bf16 shufflenet test
     # below)
+
+
+@FSDP_RUNS
+def test_a_resumed_fsdp_run_ends_bit_for_bit_where_the_run_that_never_stopped_ends(
+    fsdp_runs, tiny_data, tmp_path
+):
+    """Stopped after epoch 0 (the fixture's run) and resumed at 2 processes: parameters and
+    momentum identical to a two-epoch run's."""
+    cmd = fsdp(2, "--data", tiny_data, *TWO_EPOCHS, *EXACT, *ACCUMULATE[2])
+    straight, again = str(tmp_path / "straight"), str(tmp_path / "again")
+    run([*cmd, "--output-dir", straight])
+    run([*cmd, "--resume", os.path.join(fsdp_runs[2], "checkpoint.pth.tar"), "--output-dir", again])
+    assert max_param_diff(params(straight), params(again)) == 0.0
+    assert max_param_diff(momentum(straight), momentum(again)) == 0.0
 
 
 @pytest.fixture(scope="module")

@@ -738,7 +738,42 @@ def training_pids(host, out):
     return found
 
 
-def test_auto_resume_from_a_folder_that_one_host_lacks_stops_in_one_line(
+def own_folders_job(name, outs, data, extra, dist=DIST):
+    """A two-host torchrun job of distributed.py whose hosts write into outs[host]."""
+    cmds = torchrun_nodes(name, "distributed.py", "-", data, [*ONE_EPOCH, *dist])
+    return {host: [*cmd[:-1], outs[host], *extra[host]] for host, cmd in cmds.items()}
+
+
+def assert_refused(name, outs, data, tag, extra, path):
+    """The job stops before its first step, soon, on both hosts, in one line naming `path`."""
+    r = run_nodes(
+        name, own_folders_job(name, outs, data, extra, REFUSAL_DIST), tag, REFUSAL_TIMEOUT
+    )
+    assert all(rc not in (0, "timeout") for rc in r.rcs), r.report()
+    log = "\n".join(r.logs)
+    ours = [line for line in log.splitlines() if line.startswith("distributed.py: error: ")]
+    assert len(ours) == 1, r.report()
+    assert f"only 1 of 2 processes see {path}:" in ours[0], r.report()
+    assert "storage that every node reads" in ours[0], r.report()
+    assert "Epoch [" not in log and "start epoch" not in log, r.report()  # nothing trained
+
+
+def test_a_checkpoint_that_one_host_lacks_is_refused_in_one_line(
+    hosts, reference, tiny_data, tmp_path
+):
+    """Each host writes into a folder of its own, as nodes without shared storage do, and only
+    node0's holds a checkpoint (here the one-process reference run's). Restarted with
+    --auto-resume, the job must stop before its first step, on both hosts, soon: not resume on
+    node0 while node1 starts afresh. (The full run makes that checkpoint by stopping a two-host
+    job, refuses an explicit --resume too, and resumes once the folder is shared.)"""
+    own = {host: str(tmp_path / host) for host in HOSTS}
+    os.makedirs(own[HOSTS[0]])
+    ckpt = shutil.copy(os.path.join(reference, "checkpoint.pth.tar"), own[HOSTS[0]])
+    auto = {h: ["--auto-resume"] for h in HOSTS}
+    assert_refused("auto", own, tiny_data, str(tmp_path), auto, ckpt)
+
+
+def test_a_stopped_job_with_a_folder_per_host_refuses_to_resume_then_resumes_once_shared(
     hosts, tiny_data, tmp_path, tmp_path_factory
 ):
     """Each host writes into a folder of its own, as nodes without shared storage do, so rank 0's
@@ -749,20 +784,11 @@ def test_auto_resume_from_a_folder_that_one_host_lacks_stops_in_one_line(
     own = {host: str(tmp_path / host) for host in HOSTS}
     ckpt = {host: os.path.join(out, "checkpoint.pth.tar") for host, out in own.items()}
 
-    def job(name, outs, extra, dist=DIST):
-        cmds = torchrun_nodes(name, "distributed.py", "-", tiny_data, [*ONE_EPOCH, *dist])
-        return {host: [*cmd[:-1], outs[host], *extra[host]] for host, cmd in cmds.items()}
+    def job(name, outs, extra):
+        return own_folders_job(name, outs, tiny_data, extra)
 
     def refused(name, extra, path):
-        cmds = job(name, own, extra, REFUSAL_DIST)
-        r = run_nodes(name, cmds, str(tmp_path), timeout=REFUSAL_TIMEOUT)
-        assert all(rc not in (0, "timeout") for rc in r.rcs), r.report()
-        log = "\n".join(r.logs)
-        ours = [line for line in log.splitlines() if line.startswith("distributed.py: error: ")]
-        assert len(ours) == 1, r.report()
-        assert f"only 1 of 2 processes see {path}:" in ours[0], r.report()
-        assert "storage that every node reads" in ours[0], r.report()
-        assert "Epoch [" not in log and "start epoch" not in log, r.report()  # nothing trained
+        assert_refused(name, own, tiny_data, str(tmp_path), extra, path)
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the run that never stops, meanwhile
         straight = str(tmp_path_factory.mktemp("straight"))  # not under tmp_path: the tag below

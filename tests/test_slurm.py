@@ -127,7 +127,7 @@ class Jobs:
     """Every job of this module, submitted together on first use; get(name) waits for one."""
 
     def __init__(self, data, tmp):
-        self.data, self.tmp, self.futures, self.names = data, tmp, None, []
+        self.data, self.tmp, self.futures, self.names, self.wanted = data, tmp, None, [], set()
         self.out = {k: str(tmp / k) for k in ("n2", "spawn", "sbatch3", "bad")}
         self.dist_dir = tmp / "rendezvous"
 
@@ -217,7 +217,7 @@ class Jobs:
     def get(self, name):
         require_slurm()
         if self.futures is None:
-            commands = self.commands()
+            commands = {k: job for k, job in self.commands().items() if k in self.wanted}
             self.free = node_cpus()
             self.cond, self.next_ticket = threading.Condition(), 0
             pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(commands))
@@ -240,9 +240,24 @@ class Jobs:
             )
 
 
+# The job each test reads (a parametrized test's is its `name`): a job that no selected test reads
+# is not submitted, so the default run leaves out the full run's
+JOB_OF_TEST = {
+    "test_srun_2_tasks_trains_and_writes_metrics": "n2",
+    "test_sbatch_cpu_script_trains_with_a_dist_file_that_is_gone_afterwards": "sbatch3",
+    "test_spawn_with_two_tasks_on_a_node_fails_with_one_line": "bad_spawn",
+    "test_batch_smaller_than_the_task_count_fails_with_one_line": "bad_batch",
+    "test_batch_script_that_forgets_srun_fails_with_one_line": "no_srun",
+}
+
+
 @pytest.fixture(scope="module")
-def jobs(tiny_data, reference, tmp_path_factory):
+def jobs(request, tiny_data, reference, tmp_path_factory):
     j = Jobs(tiny_data, tmp_path_factory.mktemp("slurm"))
+    for item in request.session.items:
+        if item.module is request.module and "jobs" in item.fixturenames:
+            params = getattr(item, "callspec", None)
+            j.wanted.add(params.params["name"] if params else JOB_OF_TEST[item.originalname])
     j.out["ref"] = reference  # one process, TINY + EXACT: made once for the whole session
     yield j
     j.cancel()

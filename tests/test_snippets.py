@@ -342,13 +342,15 @@ def amp_dtype(out):
 def test_fsdp_program_evaluates_when_a_process_has_no_validation_item(tmp_path):
     """FSDP's forward is collective: a process whose share has fewer batches runs empty ones. One
     validation item for 2 processes leaves rank 1 none; a program that skipped its forwards there
-    hangs (the earlier one, which validated each share as one batch, did)."""
+    hangs (the earlier one, which validated each share as one batch, did). Otherwise the checks of
+    the test above: the default run makes this FSDP run only."""
     fsdp = SNIPPETS["train_fsdp.py"]
     whole = "TensorDataset(x[256:], y[256:])"
     assert fsdp.code.count(whole) == 1, "the FSDP program no longer makes its validation set so"
     code = fsdp.code.replace(whole, "TensorDataset(x[256:257], y[256:257])")
     out = launch(fsdp, tmp_path, code=code)
     assert failures(out, tmp_path, 2, val_items=1) == {}, out
+    assert fsdp_checkpoint_problems(saved(tmp_path)) == []
     check_against_ddp("train_fsdp.py", out)  # the validation set changes no weight
 
 
