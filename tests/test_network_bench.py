@@ -504,26 +504,6 @@ def test_alone_step_scales_the_cast_to_bf16_with_the_rest_of_the_step():
     assert step["step_s"] == pytest.approx(3.0 + 0.1 + 0.05)
 
 
-def test_a_published_rate_gives_every_parameter_a_ready_time():
-    """ViT-B/16's parameters owned by modules that are not leaves (the class token, the position
-    embedding, attention's projections, an out_proj the forward never calls as a module) get
-    ready times: when their module is done in the backward, split by each module's own FLOPs."""
-    prof = scaling_model.given_profile("vit_b_16", 224, 8, 1000, 100.0)
-    names = [n for n, _ in torchvision_named_parameters("vit_b_16")]
-    ready = dict(zip(names, (p["ready_s"] for p in prof["params"]), strict=True))
-    bwd = prof["backward_s"]
-    assert bwd == pytest.approx(0.08 * 2 / 3, rel=0.05)  # backward: 2/3 of the FLOPs
-    assert all(0 <= t <= bwd * (1 + 1e-9) for t in ready.values())
-    assert ready["class_token"] == pytest.approx(bwd)  # used first, so done last
-    assert ready["encoder.pos_embedding"] == pytest.approx(bwd, rel=0.01)
-    layer = "encoder.layers.encoder_layer_0"
-    attention = ready[f"{layer}.self_attention.in_proj_weight"]
-    assert ready[f"{layer}.mlp.0.weight"] < attention  # the attention's own FLOPs counted
-    assert ready[f"{layer}.self_attention.out_proj.weight"] == attention
-    step = scaling_model.step_time(prof, flat_link(10e9 / 8), 2, 1)
-    assert step["images_per_s"] > 0 and len(prof["buckets"]) > 5
-
-
 def torchvision_named_parameters(arch):
     import torch
     import torchvision
@@ -553,31 +533,16 @@ def test_one_bucket_runs_a_script_with_ddp_s_gradients_in_one_bucket(tmp_path):
 
 def test_scaling_model_bad_input_is_one_line(tmp_path):
     tool = os.path.join(ROOT, "tools", "scaling_model.py")
+    given = ["predict", "--profile", str(tmp_path / "none.json")]  # the link is checked first
     cases = [
-        (["predict", "--profile", str(tmp_path / "none.json"), "--link", "1gbit"], "not a profile"),
-        (["predict", "-a", "resnet50", "--images-per-s", "2470"], "give the link"),
-        (
-            ["predict", "-a", "resnet50", "--images-per-s", "2470", "--link", "fast"],
-            "not a link rate",
-        ),
-        (
-            [
-                "predict",
-                "-a",
-                "resnet50",
-                "--images-per-s",
-                "2470",
-                "--link",
-                "1gbit",
-                "--compression",
-                "zip",
-            ],
-            "'zip' is not none, bf16 or fp16",
-        ),
+        (["predict", "--link", "1gbit"], "the following arguments are required: --profile"),
+        ([*given, "--link", "1gbit"], "not a profile"),
+        (given, "give the link"),
+        ([*given, "--link", "fast"], "not a link rate"),
+        ([*given, "--link", "1gbit", "--compression", "zip"], "'zip' is not none, bf16 or fp16"),
         (["profile", "-a", "nosuchnet"], "unknown model 'nosuchnet'"),
         (
-            ["predict", "-a", "resnet50", "--images-per-s", "2470", "--link", "1gbit"]
-            + ["--link-efficiency", "5"],
+            [*given, "--link", "1gbit", "--link-efficiency", "5"],
             "--link-efficiency (busbw / rate) at most 1",
         ),
         # torchvision's ViT asserts its image size (an AssertionError, not a RuntimeError)
@@ -594,17 +559,16 @@ def test_scaling_model_bad_input_is_one_line(tmp_path):
         )
 
 
-def test_models_with_auxiliary_outputs_are_profiled_and_counted(tmp_path):
+def test_models_with_auxiliary_outputs_are_profiled_and_predicted(tmp_path):
     """googlenet returns its auxiliary outputs with its logits in training: the profile's step takes
-    the scripts' loss over them all, and the count of a published rate their FLOPs."""
+    the scripts' loss over them all, and its profile predicts."""
     tool = os.path.join(ROOT, "tools", "scaling_model.py")
     out = tmp_path / "prof.json"
     args = ["-a", "googlenet", "--image-size", "32", "--batch", "2", "--num-classes", "10"]
     run([PY, tool, "profile", *args, "--out", str(out)], timeout=300)
     prof = json.loads(out.read_text())
     assert prof["backward_s"] > 0 and len(prof["buckets"]) > 1, prof["buckets"]
-    given = ["-a", "googlenet", "--images-per-s", "100", "--batch", "8", "--link", "1gbit"]
-    p = run([PY, tool, "predict", *given, "--markdown"], timeout=300)
+    p = run([PY, tool, "predict", "--profile", str(out), "--link", "1gbit", "--markdown"])
     assert re.search(r"^\| 1gbit \| 2 x 1 \| ddp \|", p.stdout, re.M), p.stdout
 
 

@@ -7,7 +7,6 @@ process's compute and a link. docs/scaling.md describes the model and checks it 
     python tools/scaling_model.py predict --profile prof.json --allreduce ar2.json,ar4.json \\
         --nodes 2,4
     python tools/scaling_model.py predict --profile prof.json --link 1gbit --compression bf16
-    # a GPU this project has not measured: docs/scaling.md's commands, from a published rate
 """
 
 import argparse
@@ -65,20 +64,6 @@ def fsdp_groups(model):
 
     shard(model)
     return groups
-
-
-def make_profile(source, times, params, buckets, model, **fields):
-    return dict(
-        source=source,
-        forward_s=times[0],
-        backward_s=times[1],
-        optimizer_s=times[2],
-        param_bytes=sum(p["bytes"] for p in params),
-        buckets=[bucket(params, b) for b in buckets],
-        params=params,
-        fsdp_groups=fsdp_groups(model),
-        **fields,
-    )
 
 
 def bucket(params, indices):  # ready when its last gradient is
@@ -146,15 +131,20 @@ def measure_profile(arch, image_size, batch, num_classes, threads, steps=5, warm
     ]
     # DDP's own buckets after its rebuild, as parameter indices (the tests hold ddp_buckets to them)
     logged = logged["rebuilt_per_bucket_param_indices"]
-    setting = dict(arch=arch, image_size=image_size, batch=batch, num_classes=num_classes)
-    return make_profile(
-        f"measured: {arch} at {image_size} px, batch {batch}, {threads} thread(s), DDP in a world "
-        f"of one, median of {steps} steps after {warmup}",
-        (median(fwd), median(bwd), median(opt_s)),
-        grads,
-        [[int(i) for i in b.split()] for b in logged.split(",")],
-        model,
-        **setting,
+    return dict(
+        source=f"measured: {arch} at {image_size} px, batch {batch}, {threads} thread(s), DDP in "
+        f"a world of one, median of {steps} steps after {warmup}",
+        forward_s=median(fwd),
+        backward_s=median(bwd),
+        optimizer_s=median(opt_s),
+        param_bytes=sum(g["bytes"] for g in grads),
+        buckets=[bucket(grads, [int(i) for i in b.split()]) for b in logged.split(",")],
+        params=grads,
+        fsdp_groups=fsdp_groups(model),
+        arch=arch,
+        image_size=image_size,
+        batch=batch,
+        num_classes=num_classes,
         threads=threads,
         compress_s_per_byte=min(casts) / sum(g["bytes"] for g in grads),
     )
@@ -164,69 +154,6 @@ def main_and_aux(output):
     """A model's outputs as a list, the main one first (googlenet and inception_v3 return a tuple
     with their auxiliary outputs in training)."""
     return [o for o in output if o is not None] if isinstance(output, tuple) else [output]
-
-
-def given_profile(arch, image_size, batch, num_classes, images_per_s):
-    """A profile from a published rate, split by FLOPs (meta device): a module's share of the
-    backward is its own forward's, done in reverse order of first call, its parameters then."""
-    import torch
-    import torchvision
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with torch.device("meta"):
-        model = torchvision.models.get_model(arch, num_classes=num_classes)
-        x = torch.randn(2, 3, image_size, image_size)  # 2: batch norm needs 2 values a channel
-    model.train()
-    names = {m: name for name, m in model.named_modules()}
-    order = []
-    for m in names:
-        m.register_forward_pre_hook(lambda m, _: order.append(names[m]))
-    with FlopCounterMode(display=False) as counter:
-        outs = main_and_aux(model(x))
-        fwd_flops = counter.get_total_flops()
-        counts = counter.get_flop_counts()  # of the forward, by module, its children included
-        sum(o.sum() for o in outs).backward()
-    bwd_flops = counter.get_total_flops() - fwd_flops
-
-    def flops(name):
-        return sum(counts.get(".".join([type(model).__name__, name]).rstrip("."), {}).values())
-
-    # A module's backward costs about twice its forward (the gradients of its input and of its
-    # weights). The counter's own split of the backward by module is not used: it can count an op
-    # in two modules.
-    own = {}
-    for name, m in model.named_modules():
-        own[name] = 2 * (flops(name) - sum(flops(names[c]) for c in m.children()))
-    step_s = batch / images_per_s
-    backward_s = step_s * bwd_flops / (fwd_flops + bwd_flops)
-    done, ready_of = 0, {}
-    for name in reversed(list(dict.fromkeys(order))):
-        done += own[name]
-        ready_of[name] = backward_s * done / sum(own.values())
-
-    def ready(name):  # of the parameter `name`
-        owner = name.rpartition(".")[0]
-        while owner not in ready_of:
-            owner = owner.rpartition(".")[0]
-        return ready_of[owner]
-
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    # fp32 parameters, so fp32 gradients (mixed precision too)
-    grads = [dict(bytes=4 * p.numel(), ready_s=ready(n)) for n, p in named]
-    # DDP's order before its rebuild, the parameters reversed, is what the rebuild finds here
-    rev = list(range(len(grads)))[::-1]
-    setting = dict(arch=arch, image_size=image_size, batch=batch, num_classes=num_classes)
-    return make_profile(
-        f"given: {images_per_s:g} images/s per GPU at batch {batch} (published figure); forward "
-        "and backward split by FLOPs, per module in proportion to FLOPs",
-        (step_s - backward_s, backward_s, 0.0),  # the optimizer is in the forward's share
-        grads,
-        [[rev[j] for j in b] for b in ddp_buckets([grads[i]["bytes"] for i in rev])],
-        model,
-        **setting,
-        threads=None,
-        compress_s_per_byte=0.0,
-    )
 
 
 def calibrated(profile, alone_s, accum=1, data_s=0.0):
@@ -575,30 +502,17 @@ def timeline_summary(timeline, warmup=2):
 
 
 def load_profile(args):
-    if args.profile:
-        try:
-            with open(args.profile) as f:
-                profile = json.load(f)
-            profile["forward_s"], profile["buckets"]  # noqa: B018  (a profile has these)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            kind = type(e).__name__
-            fail(f"--profile {args.profile}: not a profile of `{PROG} profile` ({kind}: {e})")
-        return profile
-    if not args.images_per_s:
-        fail("give the compute: --profile JSON (measured) or -a ARCH --images-per-s N --batch B")
-    if args.images_per_s <= 0 or args.batch < 1:
-        fail("--images-per-s must be positive and --batch at least 1")
     try:
-        return given_profile(
-            args.arch, args.image_size, args.batch, args.num_classes, args.images_per_s
-        )
-    except Exception as e:  # an unknown model, an image too small for it
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        fail(f"cannot count {args.arch} at {args.image_size} px: {first}")
+        with open(args.profile) as f:
+            profile = json.load(f)
+        profile["forward_s"], profile["buckets"]  # noqa: B018  (a profile has these)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        kind = type(e).__name__
+        fail(f"--profile {args.profile}: not a profile of `{PROG} profile` ({kind}: {e})")
+    return profile
 
 
 def cmd_predict(args):
-    # the cheap checks first: a given profile takes seconds to count
     if args.accum < 1 or args.gpus_per_node < 1 or min(args.nodes) < 1:
         fail("--accum, --gpus-per-node and --nodes must be at least 1")
     if args.latency_us < 0 or args.link_efficiency > 1:
@@ -713,12 +627,7 @@ def main():
 
     pd = sub.add_parser("predict", help="step time, images/s and efficiency")
     add = pd.add_argument
-    add("--profile", metavar="JSON", help="the compute, measured by `profile`")
-    add("-a", "--arch", default="resnet50", help="given: the model (resnet50)")
-    add("--images-per-s", type=float, help="given: one GPU's training images/s")
-    add("--batch", type=int, default=256, help="given: images per GPU a step (256)")
-    add("--image-size", type=int, default=224, help="given: image size (224)")
-    add("--num-classes", type=int, default=1000, help="given: classes (1000)")
+    add("--profile", metavar="JSON", required=True, help="the compute, measured by `profile`")
     add("--allreduce", action="append", metavar="JSON,...", help="a link allreduce_bench measured")
     add("--link", type=comma_list(str, "--link"), help="rates, e.g. 25gbit,100gbit")
     add("--link-efficiency", type=positive, default=1.0, help="with --link: busbw / rate (1)")
