@@ -808,8 +808,7 @@ def predict(r, ref, profiles, links, cores, loader_ips, fit=None):
         r[f"{key}_error_pct"] = 100 * (ips - measured) / measured if measured else None
     words = ["python", "tools/scaling_model.py", "predict", "--profile", profile["path"]]
     words += ["--allreduce", ",".join(link["paths"]), *link.get("words", [])]
-    words += ["--nodes", str(r["hosts"])]
-    words += ["--alone-step", f"{alone:g}"]
+    words += ["--nodes", str(r["hosts"]), "--alone-step", f"{alone:g}"]
     words += ["--loader-ips", f"{loader_ips:g}"] if data_s else []
     words += ["--compression", r["compression"]] if r["compression"] != "none" else []
     words += ["--accum", str(r["accum"])] if r["accum"] > 1 else []
@@ -857,10 +856,8 @@ def network_checks(net):
         if under:
             errors = ("model_error_pct", "no_overlap_error_pct")
             model, none = (statistics.mean(abs(r[e]) for r in under) for e in errors)
-            ok, text = (
-                model < none,
-                f"{len(under)} rows: model {model:.1f}%, no overlap {none:.1f}%",
-            )
+            ok = model < none
+            text = f"{len(under)} rows: model {model:.1f}%, no overlap {none:.1f}%"
         what = f"fitted at {fit['size']} px, {fit['rate']}: mean |error| where comm < backward"
         check("out of sample", what, "model < no overlap", "", ok, text)
     for strategy, bar in NET_MODEL_ERR.items():
@@ -889,14 +886,10 @@ def network_link_lines(net):
             rows, fit = o["rows"], o["fit"]
             cells = [rate, op, n, f"{rows[0]['time_s'] * 1e3:.2f}"]
             cells += [f"{rows[-1]['busbw_Bps'] * 8 / 1e9:.3f}", f"{fit['alpha_s'] * 1e3:.2f}"]
-            cells += [f"{fit['busbw_Bps'] * 8 / 1e9:.3f}", f"{sent_per_byte(rows):.2f}"]
+            sent = rows[-1]["sent_bytes"] / rows[-1]["bytes"]  # per byte, at the largest size
+            cells += [f"{fit['busbw_Bps'] * 8 / 1e9:.3f}", f"{sent:.2f}"]
             lines.append(md_row(cells))
     return lines
-
-
-def sent_per_byte(rows):
-    """The bytes a process sent per byte of the largest size the collective was timed at."""
-    return rows[-1]["sent_bytes"] / rows[-1]["bytes"]
 
 
 def write_network_md(net, checks, info, args, path):

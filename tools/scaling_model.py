@@ -113,7 +113,8 @@ def measure_profile(arch, image_size, batch, num_classes, threads, steps=5, warm
             if step >= warmup:
                 ready_s = [ready[i] - t1 for i in range(len(params))]
                 times.append((t1 - t0, t2 - t1, time.perf_counter() - t2, ready_s))
-        logged = ddp._get_ddp_logging_data()
+        # DDP's buckets after its rebuild, as parameter indices (the tests hold ddp_buckets to them)
+        logged = ddp._get_ddp_logging_data()["rebuilt_per_bucket_param_indices"]
         # the cost of --compression: the gradients cast to bf16 and back, per fp32 byte
         grads = torch.cat([p.detach().reshape(-1) for p in params])
         casts = []
@@ -129,8 +130,6 @@ def measure_profile(arch, image_size, batch, num_classes, threads, steps=5, warm
         dict(bytes=p.numel() * p.element_size(), ready_s=median(r[i] for r in ready_at))
         for i, p in enumerate(params)
     ]
-    # DDP's own buckets after its rebuild, as parameter indices (the tests hold ddp_buckets to them)
-    logged = logged["rebuilt_per_bucket_param_indices"]
     return dict(
         source=f"measured: {arch} at {image_size} px, batch {batch}, {threads} thread(s), DDP in "
         f"a world of one, median of {steps} steps after {warmup}",
@@ -208,14 +207,6 @@ def ring_steps(op, n):
     return (2 if op == "all_reduce" else 1) * (n - 1)
 
 
-def hop_latency(points):
-    """A ring step's latency from (steps, alpha) pairs: the least-squares slope (not below 0), or
-    alpha / steps from one pair."""
-    if len({x for x, _ in points}) < 2:
-        return points[0][1] / points[0][0]
-    return max(0.0, line(points)[0])
-
-
 class Link:
     """A node's link: ops {collective: (base s, busbw bytes/s)}, hop_s a ring step's latency,
     intra_busbw within a node; fewest: the fewest processes measured (fewer: latency unknown)."""
@@ -247,7 +238,9 @@ class Link:
             row = benches[n]["ops"]["all_reduce"]["rows"][0]
             return row["time_s"] - row["bytes"] * bus_factor("all_reduce", n) / busbw
 
-        hop = hop_latency([(ring_steps("all_reduce", n), latency(n)) for n in sorted(benches)])
+        # a ring step's latency: least-squares slope (at least 0), or latency / steps from one count
+        points = [(ring_steps("all_reduce", n), latency(n)) for n in sorted(benches)]
+        hop = max(0.0, line(points)[0]) if len(points) > 1 else points[0][1] / points[0][0]
         fewest = first["world_size"]
         ops = {
             op: (r["fit"]["alpha_s"] - ring_steps(op, fewest) * hop, r["fit"]["busbw_Bps"])
@@ -501,17 +494,6 @@ def timeline_summary(timeline, warmup=2):
     ]
 
 
-def load_profile(args):
-    try:
-        with open(args.profile) as f:
-            profile = json.load(f)
-        profile["forward_s"], profile["buckets"]  # noqa: B018  (a profile has these)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        kind = type(e).__name__
-        fail(f"--profile {args.profile}: not a profile of `{PROG} profile` ({kind}: {e})")
-    return profile
-
-
 def cmd_predict(args):
     if args.accum < 1 or args.gpus_per_node < 1 or min(args.nodes) < 1:
         fail("--accum, --gpus-per-node and --nodes must be at least 1")
@@ -529,7 +511,13 @@ def cmd_predict(args):
         fail(str(e))
     if not links:
         fail("give the link: --allreduce BENCH.json (tools/allreduce_bench.py) or --link RATE")
-    profile = load_profile(args)
+    try:
+        with open(args.profile) as f:
+            profile = json.load(f)
+        profile["forward_s"], profile["buckets"]  # noqa: B018  (a profile has these)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        kind = type(e).__name__
+        fail(f"--profile {args.profile}: not a profile of `{PROG} profile` ({kind}: {e})")
     data_s = profile["batch"] / args.loader_ips if args.loader_ips else 0.0
     if args.alone_step:
         profile, data_s = calibrated(profile, args.alone_step, args.accum, data_s), 0.0
