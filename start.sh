@@ -59,10 +59,12 @@ Across test hosts over shaped links (as root; RESULTS_DIR/benchmark-network.{csv
   (--grad-compression), accumK (--gradient-accumulation-steps K, global batch x K: the same
   micro-batch per process), SIZEpx (--image-size SIZE), Mhosts (M hosts instead of N, the same
   micro-batch per process), onebucket (DDP's gradients in one bucket: no overlap with the backward
-  pass), or a script option as one word (distributed+--amp=bf16). tools/scaling_model.py
-  measures one process's compute first, and the report sets its predictions beside the measured
-  images/s. Defaults: ResNet-18, 64 px, global batch 16 (8 per process), STEPS=8 steps (the first
-  2 left out of images/s), -j 0, links $NET_LINKS, rows $NET_ROWS.
+  pass), timeline (tools/scaling_model.py timeline: each DDP bucket's all-reduce timed, per rank,
+  in the row's folder), or a script option as one word (distributed+--amp=bf16).
+  tools/scaling_model.py measures one process's compute first, and the report sets its
+  predictions beside the measured images/s. Defaults: ResNet-18, 64 px, global batch 16 (8 per
+  process), STEPS=8 steps (the first 2 left out of images/s), -j 0, links $NET_LINKS, rows
+  $NET_ROWS.
   About 10 minutes on 2 cores.
 
 Options and environment (flags win over environment):
@@ -78,6 +80,8 @@ Options and environment (flags win over environment):
   HOSTS_PREFIX, HOSTS_NET  the test hosts' names and /24 with --hosts (default nb, 10.213.9)
   ALLREDUCE_MAX the largest all-reduce tools/allreduce_bench.py times per link with --hosts (16M)
   NET_TIMEOUT   seconds one run may take with --hosts before it counts as failed (900)
+  NET_FIT       with --hosts: a results folder of an earlier --hosts run at one rate; the report's
+                predictions are then out of sample, fitted on that run (docs/scaling.md)
   DATA, ARCH (resnet18), IMAGE_SIZE (224), PROCS, GPUS, PRINT_FREQ,
   PYTHON (default: .venv/bin/python if present, else python3), TORCHRUN
   PEAK_TFLOPS   peak TFLOP/s of the hardware one run uses, in all, for the MFU column (default: on
@@ -97,7 +101,7 @@ shell_word() {  # $1 as the shell reads it back: bare when safe, else quoted
 CMDLINE=
 for v in ONEDNN_MAX_CPU_ISA ATEN_CPU_CAPABILITY \
          DATA ARCH IMAGE_SIZE PROCS GPUS EPOCHS BATCH WORKERS PRINT_FREQ BACKENDS RESULTS PEAK_TFLOPS \
-         NHOSTS LINKS ROWS STEPS HOSTS_PREFIX HOSTS_NET ALLREDUCE_MAX; do
+         NHOSTS LINKS ROWS STEPS HOSTS_PREFIX HOSTS_NET ALLREDUCE_MAX NET_FIT; do
     [[ -n ${!v+set} ]] && CMDLINE+="$v=$(shell_word "${!v}") "
 done
 CMDLINE+="bash $PROG"
@@ -148,6 +152,7 @@ if [[ -n ${NHOSTS:-} ]]; then
     done
     [[ -n ${LINKS//,/} ]] || die "--link needs at least one rate"
     [[ -n ${ROWS//,/} ]] || die "--rows needs at least one row"
+    [[ -z ${NET_FIT:-} || -f $NET_FIT/benchmark-network.csv ]] || die "NET_FIT=$NET_FIT: no benchmark-network.csv there"
     [[ -z ${BACKENDS_GIVEN:-} && ${EPOCHS:-1} == 1 ]] || die "--only and -e do not go with --hosts: --rows and --steps do that"
 elif [[ -n ${LINKS:-}${ROWS:-}${STEPS:-} ]]; then
     die "--link, --rows and --steps go with --hosts N"

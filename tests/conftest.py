@@ -116,6 +116,7 @@ FULL_ONLY = [
     "test_network_bench.py::test_allreduce_bench_reports_busbw",
     "test_network_bench.py::test_latency_grows",
     "test_network_bench.py::test_one_bucket",
+    "test_network_bench.py::test_the_timeline_of_a_two_process_run",  # its summary runs in-process
     "test_network_bench.py::test_allreduce_bench_times_fsdps_collectives",
     # --compile equals eager (an option, not a guarantee; Inductor's compile costs minutes of CPU)
     "test_compile.py",

@@ -16,9 +16,10 @@ import subprocess
 import sys
 
 import pytest
-from helpers import BIN, CLUSTER, PY, ROOT, env, error_lines, needs_root, run
+from helpers import BIN, CLUSTER, PY, ROOT, TINY, env, error_lines, needs_root, run, torchrun
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+import benchmark_report  # noqa: E402
 import scaling_model  # noqa: E402
 
 START = os.path.join(ROOT, "start.sh")
@@ -133,7 +134,7 @@ def test_slow_link_lowers_images_per_s_compression_raises_them_and_the_model_pre
     # the report: the command that made it, the link table, every row at every rate, and a
     # prediction command for each modeled row
     assert "- command: `" in md and f"--link {SLOW} " in md
-    assert f"| {SLOW} | 3 |" in md
+    assert f"| {SLOW} | all_reduce | 3 |" in md
     # the images/s table's row: one host, then the link
     assert re.search(r"^\| distributed \| [\d.]+ \| [\d.]+ \|$", md, re.M), md
     assert f"- prediction, {three} @ {SLOW}: `python tools/scaling_model.py predict " in md
@@ -148,8 +149,8 @@ def test_slow_link_lowers_images_per_s_compression_raises_them_and_the_model_pre
 
 def test_a_row_is_a_backend_plus_script_arguments():
     """What each tag of a row adds to the script's command line (netbench.sh's parse_row), accumK's
-    micro-batches, SIZEpx's image size, Mhosts' hosts, onebucket's wrapper, and the one-host row
-    each is compared with."""
+    micro-batches, SIZEpx's image size, Mhosts' hosts, onebucket's and timeline's wrapper, and the
+    one-host row each is compared with."""
     show = (
         'IMAGE_SIZE=64 NHOSTS=2; source tools/netbench.sh; for row in "$@"; do parse_row "$row"; '
         'echo "$R_SCRIPT $R_K $R_SIZE $R_HOSTS ${R_WRAP[*]}| ${R_ARGS[*]} < $(ref_of "$row")"; done'
@@ -162,6 +163,8 @@ def test_a_row_is_a_backend_plus_script_arguments():
         "apex+accum2",
         "fsdp+4hosts",
         "distributed+224px+onebucket",
+        "distributed+224px+timeline",
+        "apex+timeline+onebucket",
     ]
     p = run(["bash", "-c", show, "-", *rows], timeout=60)
     assert p.stdout.splitlines() == [
@@ -174,6 +177,8 @@ def test_a_row_is_a_backend_plus_script_arguments():
         "apex_distributed.py 2 64 2 | --gradient-accumulation-steps 2 < apex+accum2",
         "fsdp_distributed.py 1 64 4 |  < distributed",
         "distributed.py 1 224 2 tools/scaling_model.py one-bucket|  < distributed+224px",
+        "distributed.py 1 224 2 tools/scaling_model.py timeline|  < distributed+224px",
+        "apex_distributed.py 1 64 2 tools/scaling_model.py timeline --one-bucket|  < apex",
     ]
 
 
@@ -193,6 +198,7 @@ def test_rows_and_links_are_checked_before_anything_runs(tmp_path):
         (["--hosts", "2", "--rows", "distributed+1hosts"], "'1hosts' wants 2 to 16 hosts"),
         (["--hosts", "2", "--rows", "horovod"], "'horovod' does not run across hosts"),
         (["--hosts", "2", "--rows", "fsdp+onebucket"], "onebucket is for torchrun's DDP rows"),
+        (["--hosts", "2", "--rows", "fsdp+timeline"], "timeline is for torchrun's DDP rows"),
         (["--link", "1gbit"], "--link, --rows and --steps go with --hosts N"),
     ]
     for args, message in cases:
@@ -203,6 +209,9 @@ def test_rows_and_links_are_checked_before_anything_runs(tmp_path):
             args,
             p.stderr,
         )
+    start = ["bash", START, "--hosts", "2", "-o", str(tmp_path)]
+    p = run(start, env=env(**SMALL, NET_FIT="nowhere"), check=False, timeout=120)
+    assert p.returncode == 2 and "NET_FIT=nowhere: no benchmark-network.csv there" in p.stderr
 
 
 # ---- the all-reduce benchmark and the model, without the hosts ----
@@ -495,26 +504,6 @@ def test_alone_step_scales_the_cast_to_bf16_with_the_rest_of_the_step():
     assert step["step_s"] == pytest.approx(3.0 + 0.1 + 0.05)
 
 
-def test_a_published_rate_gives_every_parameter_a_ready_time():
-    """ViT-B/16's parameters owned by modules that are not leaves (the class token, the position
-    embedding, attention's projections, an out_proj the forward never calls as a module) get
-    ready times: when their module is done in the backward, split by each module's own FLOPs."""
-    prof = scaling_model.given_profile("vit_b_16", 224, 8, 1000, 100.0)
-    names = [n for n, _ in torchvision_named_parameters("vit_b_16")]
-    ready = dict(zip(names, (p["ready_s"] for p in prof["params"]), strict=True))
-    bwd = prof["backward_s"]
-    assert bwd == pytest.approx(0.08 * 2 / 3, rel=0.05)  # backward: 2/3 of the FLOPs
-    assert all(0 <= t <= bwd * (1 + 1e-9) for t in ready.values())
-    assert ready["class_token"] == pytest.approx(bwd)  # used first, so done last
-    assert ready["encoder.pos_embedding"] == pytest.approx(bwd, rel=0.01)
-    layer = "encoder.layers.encoder_layer_0"
-    attention = ready[f"{layer}.self_attention.in_proj_weight"]
-    assert ready[f"{layer}.mlp.0.weight"] < attention  # the attention's own FLOPs counted
-    assert ready[f"{layer}.self_attention.out_proj.weight"] == attention
-    step = scaling_model.step_time(prof, flat_link(10e9 / 8), 2, 1)
-    assert step["images_per_s"] > 0 and len(prof["buckets"]) > 5
-
-
 def torchvision_named_parameters(arch):
     import torch
     import torchvision
@@ -544,31 +533,16 @@ def test_one_bucket_runs_a_script_with_ddp_s_gradients_in_one_bucket(tmp_path):
 
 def test_scaling_model_bad_input_is_one_line(tmp_path):
     tool = os.path.join(ROOT, "tools", "scaling_model.py")
+    given = ["predict", "--profile", str(tmp_path / "none.json")]  # the link is checked first
     cases = [
-        (["predict", "--profile", str(tmp_path / "none.json"), "--link", "1gbit"], "not a profile"),
-        (["predict", "-a", "resnet50", "--images-per-s", "2470"], "give the link"),
-        (
-            ["predict", "-a", "resnet50", "--images-per-s", "2470", "--link", "fast"],
-            "not a link rate",
-        ),
-        (
-            [
-                "predict",
-                "-a",
-                "resnet50",
-                "--images-per-s",
-                "2470",
-                "--link",
-                "1gbit",
-                "--compression",
-                "zip",
-            ],
-            "'zip' is not none, bf16 or fp16",
-        ),
+        (["predict", "--link", "1gbit"], "the following arguments are required: --profile"),
+        ([*given, "--link", "1gbit"], "not a profile"),
+        (given, "give the link"),
+        ([*given, "--link", "fast"], "not a link rate"),
+        ([*given, "--link", "1gbit", "--compression", "zip"], "'zip' is not none, bf16 or fp16"),
         (["profile", "-a", "nosuchnet"], "unknown model 'nosuchnet'"),
         (
-            ["predict", "-a", "resnet50", "--images-per-s", "2470", "--link", "1gbit"]
-            + ["--link-efficiency", "5"],
+            [*given, "--link", "1gbit", "--link-efficiency", "5"],
             "--link-efficiency (busbw / rate) at most 1",
         ),
         # torchvision's ViT asserts its image size (an AssertionError, not a RuntimeError)
@@ -585,17 +559,16 @@ def test_scaling_model_bad_input_is_one_line(tmp_path):
         )
 
 
-def test_models_with_auxiliary_outputs_are_profiled_and_counted(tmp_path):
+def test_models_with_auxiliary_outputs_are_profiled_and_predicted(tmp_path):
     """googlenet returns its auxiliary outputs with its logits in training: the profile's step takes
-    the scripts' loss over them all, and the count of a published rate their FLOPs."""
+    the scripts' loss over them all, and its profile predicts."""
     tool = os.path.join(ROOT, "tools", "scaling_model.py")
     out = tmp_path / "prof.json"
     args = ["-a", "googlenet", "--image-size", "32", "--batch", "2", "--num-classes", "10"]
     run([PY, tool, "profile", *args, "--out", str(out)], timeout=300)
     prof = json.loads(out.read_text())
     assert prof["backward_s"] > 0 and len(prof["buckets"]) > 1, prof["buckets"]
-    given = ["-a", "googlenet", "--images-per-s", "100", "--batch", "8", "--link", "1gbit"]
-    p = run([PY, tool, "predict", *given, "--markdown"], timeout=300)
+    p = run([PY, tool, "predict", "--profile", str(out), "--link", "1gbit", "--markdown"])
     assert re.search(r"^\| 1gbit \| 2 x 1 \| ddp \|", p.stdout, re.M), p.stdout
 
 
@@ -647,3 +620,181 @@ def test_the_network_report_sets_the_no_overlap_baseline_beside_each_prediction(
     cells = [f"{16 / model['step_s']:.2f}", f"{errors[0]:.0f}%"]
     cells += [f"{16 / model['no_overlap_step_s']:.2f}", f"{errors[1]:.0f}%"]
     assert f"| distributed | {SLOW} | 2 | 50.00 | {' | '.join(cells)} |" in md, md
+    # the link table: a row per collective, here the all-reduce at 2 hosts (0.4 ms at 4 KiB,
+    # 10 MB/s = 0.080 Gbit/s, fit alpha 0, 1 byte sent per byte)
+    assert f"| {SLOW} | all_reduce | 2 | 0.40 | 0.080 | 0.00 | 0.080 | 1.00 |" in md, md
+
+
+def network_run(folder, rate, rows, profiles, benches):
+    """A start.sh --hosts run's folder, as the report reads it: rows {(row, rate): (images/s,
+    processes)}, profiles {size: profile}, benches {hosts: (time at 4 KiB, fit alpha, busbw)}."""
+    runs, lines = folder / "runs-network", []
+    for (row, at), (ips, procs) in rows.items():
+        one = at == "1 host"
+        run_dir = runs / ("1host" if one else at) / row
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text(json.dumps(dict(train_images_per_s=ips)) + "\n")
+        tags = [t for t in row.split("+")[1:] if t not in ("onebucket", "timeline")]
+        ref = "distributed+" + "+".join(t for t in tags if "hosts" not in t)  # as netbench.sh's
+        fields = [row, at, ref.rstrip("+"), "ok", str(procs), "1", "0", "9", "x"]
+        lines.append("\t".join(fields))
+    (runs / "manifest.tsv").write_text("\n".join(lines) + "\n")
+    for size, prof in profiles.items():
+        (runs / f"profile-{size}.json").write_text(json.dumps(dict(prof, image_size=size)))
+    for n, (time_s, alpha, busbw) in benches.items():
+        rows = [dict(bytes=4096, time_s=time_s, sent_bytes=4096, busbw_Bps=busbw)]
+        ar = dict(rows=rows, fit=dict(alpha_s=alpha, busbw_Bps=busbw))
+        bench = dict(backend="gloo", world_size=n, ops=dict(all_reduce=ar))
+        (runs / f"allreduce-{rate}-n{n}.json").write_text(json.dumps(bench))
+
+
+def two_bucket_profile(forward, backward, ready):
+    """A profile of 8 images a step: two 10 MB buckets, ready `ready` s into the backward."""
+    grads = [dict(bytes=10 * MB, ready_s=t) for t in ready]
+    prof = dict(source="test", arch="resnet18", batch=8, compress_s_per_byte=0.0, params=grads)
+    prof.update(forward_s=forward, backward_s=backward, optimizer_s=0.0, param_bytes=20 * MB)
+    return dict(prof, buckets=[scaling_model.bucket(grads, [i]) for i in (0, 1)], fsdp_groups=[])
+
+
+def network_report(folder, *extra):
+    """benchmark_report.py --network on `folder`, in this process: its CSV rows by (row, rate)."""
+    args = ["--network", "--results", str(folder), "--hosts", "2", "--batch", "16", *extra]
+    benchmark_report.main([*args, "--image-size", "64"])
+    with open(folder / "benchmark-network.csv") as f:
+        return {(r["row"], r["rate"]): r for r in csv.DictReader(f)}
+
+
+def test_a_model_fitted_on_one_run_predicts_another_it_never_saw(tmp_path):
+    """--fit: the compute's scale factor and the link come from the fitting run alone (64 px,
+    300 Mbit/s); the rows at 192 px and 2 Gbit/s are predicted from their own profile times that
+    factor and the fitted link taken to 2 Gbit/s, not from their own one-host step or link. Each
+    prediction and its no-overlap baseline, with its error, as computed here by hand."""
+    fit, test = tmp_path / "fit", tmp_path / "test"
+    # the fitting run: one host at 64 px, 8 images in 0.2 s (40 images/s), against its profile's
+    # 0.04 + 0.06 = 0.1 s: k = 2. Its link at 2 hosts: 30 MB/s of busbw (0.8 of 300 Mbit/s), a
+    # 4 KiB all-reduce 2 ms more than its bytes take: 2 ring steps of 1 ms, no base
+    rows = {("distributed", "1 host"): (40.0, 1), ("distributed", "300mbit"): (10.0, 2)}
+    profile = two_bucket_profile(0.04, 0.06, [0.03, 0.06])
+    network_run(fit, "300mbit", rows, {64: profile}, {2: (2e-3 + 4096 / 30e6, 2e-3, 30e6)})
+    assert float(network_report(fit)[("distributed", "1 host")]["step_s"]) == pytest.approx(0.2)
+    # the run to predict: its own one-host step (0.5 s) and link (1 MB/s) are not to be used
+    rows = {("distributed+192px", "1 host"): (16.0, 1), ("distributed+192px", "2gbit"): (9.65, 2)}
+    rows[("distributed+192px+4hosts+timeline", "2gbit")] = (12.0, 4)
+    profile = two_bucket_profile(0.3, 0.5, [0.2, 0.5])
+    network_run(test, "2gbit", rows, {192: profile}, {2: (0.1, 0.1, 1e6)})
+    table = network_report(test, "--fit", str(fit))
+    # 2 hosts: one-host step 2 x (0.3 + 0.5) = 1.6 s, forward 0.6 s, buckets ready 0.4 and 1.0 s
+    # into the backward; the link at 2 Gbit/s: 30 MB/s x 2000 / 300 = 200 MB/s, a 10 MB bucket
+    # 2 x 1 ms + 10 MB / 200 MB/s = 52 ms: done at 0.6 + 0.4 + 0.052 and 0.6 + 1.0 + 0.052 s, a
+    # step of 1.652 s for 16 images; no overlap: 1.6 + 2 x 0.052 = 1.704 s
+    model, none = 16 / 1.652, 16 / 1.704
+    r = table[("distributed+192px", "2gbit")]
+    assert float(r["predicted_images_per_s"]) == pytest.approx(model, rel=1e-3)
+    assert float(r["no_overlap_images_per_s"]) == pytest.approx(none, rel=1e-3)
+    errors = [100 * (model / 9.65 - 1), 100 * (none / 9.65 - 1)]  # +0.36% and -2.70%
+    assert float(r["model_error_pct"]) == pytest.approx(errors[0], rel=1e-3)
+    assert float(r["no_overlap_error_pct"]) == pytest.approx(errors[1], rel=1e-3)
+    assert float(r["comm_per_backward"]) == pytest.approx(0.104 / 1.0, rel=1e-3)
+    # 4 hosts (timed: a row like any other): each at cores / 4 of its speed where 4 outnumber the
+    # cores; a ring of 6 steps of 1 ms, each byte sent 2 x 3/4 times: 6 ms + 10 MB x 1.5 / 200 MB/s
+    # = 81 ms a bucket
+    slower = max(1.0, 4 / os.cpu_count())
+    alone, forward, bucket = 1.6 * slower, 0.6 * slower, 0.006 + 10 * MB * 1.5 / 200e6
+    step = max(forward + 0.4 * slower + bucket, forward + 1.0 * slower) + bucket
+    r4 = table[("distributed+192px+4hosts+timeline", "2gbit")]
+    assert float(r4["predicted_images_per_s"]) == pytest.approx(32 / step, rel=1e-3)
+    assert float(r4["no_overlap_images_per_s"]) == pytest.approx(
+        32 / (alone + 2 * bucket), rel=1e-3
+    )
+    errors4 = [100 * (32 / s / 12 - 1) for s in (step, alone + 2 * bucket)]
+    assert float(r4["model_error_pct"]) == pytest.approx(errors4[0], rel=1e-3)
+    # the report says so, and its bar: where the all-reduce is shorter than the backward pass (both
+    # rows), the model's mean |error| against no overlap's
+    md = (test / "benchmark-network.md").read_text()
+    assert "Out of sample, fitted on" in md and "k = 0.2 s / 100.0 ms = 2.000" in md, md
+    model_mean = (abs(errors[0]) + abs(errors4[0])) / 2
+    none_mean = (abs(errors[1]) + abs(100 * (32 / (alone + 2 * bucket) / 12 - 1))) / 2
+    verdict = "PASS" if model_mean < none_mean else "FAIL"
+    bar = f"2 rows: model {model_mean:.1f}%, no overlap {none_mean:.1f}% | **{verdict}** |"
+    assert re.search(rf"^\| out of sample \|.* \| {re.escape(bar)}$", md, re.M), md
+    # the prediction's command prints the same step: the fitting run's link, at 2 Gbit/s
+    command = re.search(r"- prediction, distributed\+192px @ 2gbit: `python (.*)`$", md, re.M)
+    assert "--measured-at 300mbit --link 2gbit" in command.group(1), command.group(1)
+    printed = run([PY, *command.group(1).split(), "--markdown"], timeout=120).stdout
+    assert "| 2gbit | 2 x 1 | ddp | none | 1 | 1652.0 | 104.0 |" in printed, printed
+    # a folder that is not a run at one rate: one line
+    with pytest.raises(SystemExit, match=r"--fit .*: not a start.sh --hosts run at one rate"):
+        network_report(test, "--fit", str(test / "runs-network"))
+
+
+def test_a_timeline_summary_gives_each_buckets_times_and_what_the_backward_did_not_hide():
+    """The medians over the steps after the warm-up, in ms since the backward started, per bucket;
+    the communication is the union of the collectives' spans (an overlap counted once), and the
+    part of it after the backward's last gradient is what it did not hide."""
+
+    def bucket(mb, params, hook, launch, done):
+        return dict(bytes=mb * 1e6, params=params, hook=hook, launch=launch, done=done)
+
+    warm_up = dict(grads=[0.1, 0.1, 0.1], buckets=[bucket(5, [0, 1, 2], 0.1, 0.1, 0.3)])
+    steps = [warm_up]  # DDP's first step, in one bucket: left out
+    steps.append(  # gradients 0 and 1 in the first bucket, 2 in the second
+        dict(
+            grads=[0.010, 0.020, 0.050],
+            buckets=[bucket(4, [0, 1], 0.021, 0.022, 0.040), bucket(1, [2], 0.051, 0.052, 0.090)],
+        )
+    )
+    steps.append(  # the second bucket launched while the first runs: [34, 70] and [65, 100] ms
+        dict(
+            grads=[0.012, 0.030, 0.060],
+            buckets=[bucket(4, [0, 1], 0.031, 0.034, 0.070), bucket(1, [2], 0.061, 0.065, 0.100)],
+        )
+    )
+    lines = scaling_model.timeline_summary(dict(rank=1, world_size=2, steps=steps), warmup=1)
+    assert lines[0] == "rank 1 of 2, 2 steps after 1; medians, ms since the backward started:"
+    # bucket 0: its last gradient at 20 and 30 ms, hook 21 and 31, launched 22 and 34, done 40 and
+    # 70: all-reduces of 18 and 36 ms
+    assert lines[4] == "| 0 | 4.00 | 2 | 25.0 | 26.0 | 28.0 | 55.0 | 27.0 |"
+    assert lines[5] == "| 1 | 1.00 | 1 | 55.0 | 56.0 | 58.5 | 95.0 | 36.5 |"
+    # communication: 18 + 38 = 56 ms, and [34, 100] = 66 ms; after the last gradient (50, 60 ms):
+    # [52, 90] = 38 ms, [60, 100] = 40 ms
+    assert lines[-1] == (
+        "The backward's last gradient at 55.0 ms, the last all-reduce done at 95.0 ms; "
+        "communication 61.0 ms, 39.0 ms of it after the last gradient (not hidden)."
+    )
+    empty = dict(rank=0, world_size=2, steps=steps[:1])
+    assert scaling_model.timeline_summary(empty, warmup=1) == [
+        "rank 0 of 2: no step with an all-reduce after 1 warm-up steps"
+    ]
+
+
+@pytest.mark.parametrize("one_bucket", [False, True])
+def test_the_timeline_of_a_two_process_run_has_each_bucket_of_each_step_on_both_ranks(
+    tmp_path, tiny_data, one_bucket
+):
+    """scaling_model.py timeline around distributed.py, 2 processes on loopback at 16 px: every
+    training step's backward, on each rank, with each of DDP's buckets ready, launched and done in
+    that order, and together all the gradients; with --one-bucket, one bucket of them all. The
+    one-bucket run compresses its gradients to bf16: the script's own hook is the one timed."""
+    tool = os.path.join(ROOT, "tools", "scaling_model.py")
+    timeline = [tool, "timeline", *(["--one-bucket"] if one_bucket else [])]
+    script = [os.path.join(ROOT, "distributed.py"), "--data", tiny_data, *TINY]
+    extra = ["--grad-compression", "bf16"] if one_bucket else []
+    p = run(torchrun(2, *timeline, *script, *extra, "--output-dir", str(tmp_path)), timeout=600)
+    n_params = len(torchvision_named_parameters("resnet18"))
+    for rank in (0, 1):
+        data = json.loads((tmp_path / f"timeline-rank{rank}.json").read_text())
+        assert data["rank"] == rank and data["world_size"] == 2
+        assert len(data["steps"]) == 4  # 48 images, 12 a step
+        for step in data["steps"]:
+            assert all(0 < t for t in step["grads"]) and len(step["grads"]) == n_params
+            for b in step["buckets"]:
+                ready = max(step["grads"][i] for i in b["params"])
+                assert ready <= b["hook"] <= b["launch"] <= b["done"], b
+            params = sorted(i for b in step["buckets"] for i in b["params"])
+            assert params == list(range(n_params))
+        buckets = len(data["steps"][-1]["buckets"])
+        assert buckets == 1 if one_bucket else buckets > 1, data["steps"][-1]
+        summary = (tmp_path / f"timeline-rank{rank}.md").read_text()
+        assert summary.startswith(f"rank {rank} of 2, 2 steps after 2;") and summary in p.stdout
+    metrics = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["train_images_per_s"] > 0

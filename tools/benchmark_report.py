@@ -24,6 +24,7 @@ import subprocess
 import sys
 import textwrap
 
+import scaling_model
 from scaling_model import Link, calibrated, fsdp_step_time, parse_rate, rebucket, step_time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,9 +38,8 @@ DDP_WHAT = "DDP {p} procs x {t} thread(s) vs one process x {c} threads, images/s
 BARS = [("apex", "distributed", None, AMP_WHAT), ("distributed", "dataparallel", 0.90, DDP_WHAT)]
 DATA_WAIT_MAX = 5.0  # percent of the epoch the host waits for the loader
 
-# Dense (no 2:4 sparsity) bf16 tensor-core TFLOP/s of one GPU from NVIDIA's data sheets, as nanoGPT
-# uses (312 for an A100), by words found in a row in the nvidia-smi name; the first match wins. NVL
-# parts (H100 NVL, H200 NVL: lower clocks) match none: set PEAK_TFLOPS for those and others.
+# Dense bf16 tensor-core TFLOP/s of one GPU (NVIDIA's data sheets, as nanoGPT's 312 for an A100), by
+# words in a row of the nvidia-smi name, the first match; NVL parts (lower clocks) match none.
 GPU_PEAK_TFLOPS = [
     ("H100 PCIE", 756.0),
     ("H100", 989.0),  # the SXM figure: "H100 80GB HBM3" (nvidia-smi's SXM5) and other H100 names
@@ -77,6 +77,7 @@ def main(argv):
     p.add_argument("--hosts", type=int, help="with --network: the number of hosts")
     p.add_argument("--batch", type=int, help="with --network: the global batch of a row")
     p.add_argument("--workers", type=int, default=0, help="with --network: loader processes")
+    p.add_argument("--fit", metavar="DIR", help="with --network: predict from DIR's run instead")
     args = p.parse_args(argv)
     args.command, args.config = as_typed(args.command), as_typed(args.config)
     if args.network:
@@ -97,39 +98,22 @@ def main(argv):
     write_csv(base + ".csv", COLUMNS, rows, lambda c, x: fmt(x, digits(c, 2)))
     write_md(rows, checks, info, args, base + ".md")
     write_png(rows, checks, info, args, base + ".png")
-    print_summary(rows, checks, model)
+    # on the console images/s and what did not run, the bars and MFU: benchmark.md has the rest
+    ok = [r for r in rows if r["status"] == "ok"]
+    others = [f"{r['backend']}: {r['status']}: {r['note']}" for r in rows if r["status"] != "ok"]
+    images = ", ".join(f"{r['backend']} ({shape(r)}) {fmt(r['images_per_s'])}" for r in ok)
+    print(f"images/s: {images}", *others, *check_lines(checks), mfu_notes(ok, model), sep="\n")
     print(f"wrote {args.results}/benchmark.csv, benchmark.md, benchmark.png")
-
-
-def print_summary(rows, checks, model):
-    """The console's table: the columns a reader compares first (benchmark.md has them all)."""
-    print(
-        f"{'backend':<20} {'procs x thr':>11} {'images/s':>9} {'TFLOP/s':>8} {'MFU %':>6} "
-        f"{'epoch s':>8} {'Acc@1':>6} {'wait %':>7} {'loader/core':>11} {'loader cores':>12}"
-    )
-    for r in rows:
-        if r["status"] != "ok":
-            print(f"{r['backend']:<20} {r['status']}: {r['note']}")
-            continue
-        print(
-            f"{r['backend']:<20} {shape(r):>11} {fmt(r['images_per_s']):>9} "
-            f"{fmt_tflops(r['train_tflops']):>8} {fmt(r['mfu_pct'], 2):>6} "
-            f"{fmt(r['epoch_time_s']):>8} {fmt(r['val_acc1']):>6} {fmt(r['data_wait_pct']):>7} "
-            f"{fmt(r['loader_images_per_core_s'], 0):>11} {fmt(r['loader_cores_needed'], 2):>12}"
-        )
-    print(*check_lines(checks), sep="\n")
-    print(mfu_notes([r for r in rows if r["status"] == "ok"], model))
 
 
 # ---- the model's FLOPs and the hardware's peak ----
 
 
 def train_flops_per_image(arch, image_size, num_classes=1000):
-    """FLOPs of one forward and backward pass of torchvision's `arch` per image: convolutions and
-    matrix products (norms, activations and the loss are under 1% of a ResNet), counted on the
-    meta device with a batch of 2, which keeps BatchNorm's training mode valid where a feature
-    map is 1 x 1. The backward pass costs twice the forward, less the first convolution's input
-    gradient, which autograd skips: ResNet-18 at 224 px trains at 3 x 3.63 - 0.24 = 10.65 GFLOPs."""
+    """FLOPs of a forward and backward pass of torchvision's `arch` per image: convolutions and
+    matrix products (the rest is under 1% of a ResNet), on the meta device at batch 2 (BatchNorm's
+    training mode needs 2 values a channel); the backward is twice the forward less the first
+    convolution's input gradient: ResNet-18 at 224 px trains at 3 x 3.63 - 0.24 = 10.65 GFLOPs."""
     import torch
     import torchvision
     from torch.utils.flop_counter import FlopCounterMode
@@ -162,9 +146,8 @@ def count_model(rows, arch=None, image_size=None):
 
 
 def cpu_peak(thread_counts, seconds=1.0):
-    """The CPU's capability as the scripts' --amp auto sees it (distributed.py's cpu_bf16_support,
-    which honours ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA), and its matmul GFLOP/s at each
-    thread count: fp32, and bf16 where it is native (emulated bf16 is no peak to divide by)."""
+    """The CPU's capability as --amp auto sees it (distributed.py's cpu_bf16_support), and its
+    matmul GFLOP/s at each thread count: fp32, and bf16 where native (emulated is no peak)."""
     import torch
     from torch.utils import benchmark
 
@@ -293,10 +276,9 @@ def uses_gpus(row):
 
 
 def as_typed(text):
-    """`text` (a command line, a note) with the paths a user types instead of this machine's: a
-    path inside the checkout relative to it (start.sh runs from there), and a program of a virtual
-    environment outside it as `.venv/bin/NAME`, where the README makes one. Other absolute paths
-    are the user's own choice (-o /scratch/..., DATA=/datasets/...) and stay."""
+    """`text` (a command line, a note) with the paths a user types: inside the checkout relative to
+    it (start.sh runs there), a virtual environment's program as `.venv/bin/NAME` (the README's);
+    other absolute paths are the user's own choice (-o /scratch/..., DATA=/datasets/...)."""
     roots = {os.path.abspath(ROOT), os.path.realpath(ROOT)}
 
     def shorten(m):
@@ -340,8 +322,7 @@ def read_metrics(path):
 
 
 def read_stats(path, gpus):
-    """(mean utilization %, 'CPU %' or 'GPU util %', peak RSS of the process tree or summed GPU
-    memory, MiB) from statistics.sh's samples; (None, "", None) without them."""
+    """statistics.sh's samples: mean CPU or GPU util %, which, peak tree RSS or GPU memory MiB."""
     rows = []
     if os.path.isfile(path):
         with open(path, newline="") as f:
@@ -671,17 +652,10 @@ def network_report(args):
     everything = [*net["refs"].values(), *net["runs"]]
     write_csv(base + ".csv", NET_COLUMNS, everything, lambda column, x: f"{x:.4g}")
     write_network_md(net, checks, info, args, base + ".md")
-    print(f"{'row':<28} {'1 host':>8} " + " ".join(f"{r:>16}" for r in net["rates"]))
-    for row, ref in net["rows"].items():
-        cells = [fmt(ref and ref.get("images_per_s"), 2) or "-"]
-        for rate in net["rates"]:  # images/s (the model's), else why not
-            r = net["at"].get((row, rate)) or {}
-            text = f"{r['images_per_s']:.2f}" if r.get("images_per_s") else r.get("status", "-")
-            if r.get("images_per_s") and r.get("predicted_images_per_s"):
-                text += f" ({r['predicted_images_per_s']:.2f})"
-            cells.append(text)
-        print(f"{row:<28} {cells[0]:>8} " + " ".join(f"{c:>16}" for c in cells[1:]))
-    print("images/s (model's prediction)")
+    for r in everything:  # images/s (the model's), else why not: benchmark-network.md has the rest
+        model, text = r.get("predicted_images_per_s"), fmt(r["images_per_s"], 2)
+        text = (text or f"{r['status']} {r['note']}") + (f" (model {model:.2f})" if model else "")
+        print(f"{r['row']} @ {r['rate']}: {text}")
     print(*check_lines(checks), sep="\n")
     print(f"wrote {base}.csv, .md")
 
@@ -698,8 +672,8 @@ def row_parts(row, hosts=2, size=None):
             parts["accum"] = int(t[5:])
         elif re.fullmatch(r"[1-9]\d*(px|hosts)", t):
             parts["size" if t.endswith("px") else "hosts"] = int(re.match(r"\d+", t).group())
-        elif t == "onebucket":
-            parts["onebucket"] = True
+        elif t in ("onebucket", "timeline"):  # timeline: the run timed, as it is
+            parts["onebucket"] = parts["onebucket"] or t == "onebucket"
         else:
             parts["other"].append(t)
     return parts
@@ -709,19 +683,10 @@ def summarise_network(args, cores):
     """The runs across hosts, and their one-host references (refs, by row), with what they say."""
     runs_dir = os.path.join(args.results, "runs-network")
     manifest = read_manifest(os.path.join(runs_dir, "manifest.tsv"), NET_MANIFEST)
-    profiles = {}
-    for path in glob.glob(os.path.join(runs_dir, "profile-*.json")):
-        profile = json.load(open(path))
-        profiles[profile["image_size"]] = dict(profile, path=path)
     rates = {m["rate"] for m in manifest if m["rate"] != "1 host"}  # slowest first, unshaped last
     rates = sorted(rates, key=lambda x: math.inf if x == "unshaped" else parse_rate(x))
-    links = {}  # per rate: the collectives' benchmarks by host count, and the model's link
-    for rate in rates:
-        paths = glob.glob(os.path.join(runs_dir, f"allreduce-{rate}-n*.json"))
-        paths.sort(key=lambda p: int(re.search(r"-n(\d+)\.json$", p).group(1)))
-        if paths:
-            benches = [json.load(open(p)) for p in paths]
-            links[rate] = dict(benches=benches, link=Link.measured(paths), paths=paths)
+    profiles, links = network_inputs(runs_dir, rates)
+    fit = args.fit and fitted(args.fit)
     refs, runs = {}, []
     for m in manifest:
         if m["row"] == "allreduce":
@@ -754,7 +719,7 @@ def summarise_network(args, cores):
         ok = r["images_per_s"] and ref.get("images_per_s")
         r["efficiency"] = r["images_per_s"] / (r["hosts"] * ref["images_per_s"]) if ok else None
         r["exposed_s"] = r["step_s"] - ref["step_s"] if ok else None
-        predict(r, ref, profiles, links, cores, loader_ips)
+        predict(r, ref, profiles, links, cores, loader_ips, fit)
     at = {(r["row"], r["rate"]): r for r in runs}
     for r in runs:  # a row beside its one-bucket twin at the same rate: the share hidden
         twin = at.get((r["row"] + "+onebucket", r["rate"]))
@@ -770,7 +735,38 @@ def summarise_network(args, cores):
     rows = {}
     for r in runs:
         rows.setdefault(r["row"], refs.get(r["ref"]))
-    return dict(rates=rates, links=links, refs=refs, runs=runs, at=at, rows=rows)
+    return dict(rates=rates, links=links, refs=refs, runs=runs, at=at, rows=rows, fit=fit)
+
+
+def network_inputs(runs_dir, rates):
+    """A run's profiles by image size and links by rate (benchmarks by host count, model link)."""
+    profiles, links = {}, {}
+    for path in glob.glob(os.path.join(runs_dir, "profile-*.json")):
+        profile = json.load(open(path))
+        profiles[profile["image_size"]] = dict(profile, path=path)
+    for rate in rates:
+        paths = glob.glob(os.path.join(runs_dir, f"allreduce-{rate}-n*.json"))
+        paths.sort(key=lambda p: int(re.search(r"-n(\d+)\.json$", p).group(1)))
+        if paths:
+            benches = [json.load(open(p)) for p in paths]
+            links[rate] = dict(benches=benches, link=Link.measured(paths), paths=paths)
+    return profiles, links
+
+
+def fitted(folder):
+    """--fit: from another start.sh --hosts run at one rate and size, the compute's scale factor k
+    (its one-host step of `distributed` over its profile's) and its link (docs/scaling.md)."""
+    try:
+        with open(os.path.join(folder, "benchmark-network.csv")) as f:
+            rows = list(csv.DictReader(f))
+        (rate,) = {r["rate"] for r in rows} - {"1 host"}
+        (step,) = [r["step_s"] for r in rows if (r["row"], r["rate"]) == ("distributed", "1 host")]
+        profiles, links = network_inputs(os.path.join(folder, "runs-network"), [rate])
+        ((size, profile),) = profiles.items()
+        fit = dict(links[rate], folder=folder, rate=rate, bps=parse_rate(rate), size=size)
+        return dict(fit, step=float(step), own=scaling_model.own_step(profile))
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"{sys.argv[0]}: --fit {folder}: not a start.sh --hosts run at one rate: {e!r}")
 
 
 def hidden(step, baseline, alone):
@@ -778,13 +774,19 @@ def hidden(step, baseline, alone):
     return 100 * (baseline - step) / (baseline - alone) if baseline > alone else None
 
 
-def predict(r, ref, profiles, links, cores, loader_ips):
-    """tools/scaling_model.py's images/s for a modeled run, and the command that prints it."""
+def predict(r, ref, profiles, links, cores, loader_ips, fit=None):
+    """tools/scaling_model.py's images/s for a modeled run, and the command that prints it; with
+    fit, out of sample: fit's one-host step and link, taken to the row's size and rate."""
     r["predicted_images_per_s"] = r["model_error_pct"] = r["comm_s"] = r["predicted_step_s"] = None
     r["no_overlap_images_per_s"] = r["no_overlap_error_pct"] = None
     strategy = MODELED.get(r["backend"])
     profile = profiles.get(r["size"])
     link = links.get(r["rate"])
+    if fit and profile and r["rate"] != "unshaped":  # the loader's time scales as the rest does
+        k, loader_ips = fit["step"] / fit["own"], None
+        ref = dict(step_s=k * scaling_model.own_step(profile, r["accum"]))
+        scaled = fit["link"].scaled(r["rate"], parse_rate(r["rate"]) / fit["bps"])
+        link = dict(fit, link=scaled, words=["--measured-at", fit["rate"], "--link", r["rate"]])
     if not (strategy and profile and link and ref.get("step_s")) or r["other"]:
         return
     # the one-host run's step, the same work in one process; where the hosts' processes outnumber
@@ -805,8 +807,8 @@ def predict(r, ref, profiles, links, cores, loader_ips):
     for key, ips in (("model", pred["images_per_s"]), ("no_overlap", r["no_overlap_images_per_s"])):
         r[f"{key}_error_pct"] = 100 * (ips - measured) / measured if measured else None
     words = ["python", "tools/scaling_model.py", "predict", "--profile", profile["path"]]
-    words += ["--allreduce", ",".join(link["paths"]), "--nodes", str(r["hosts"])]
-    words += ["--alone-step", f"{alone:g}"]
+    words += ["--allreduce", ",".join(link["paths"]), *link.get("words", [])]
+    words += ["--nodes", str(r["hosts"]), "--alone-step", f"{alone:g}"]
     words += ["--loader-ips", f"{loader_ips:g}"] if data_s else []
     words += ["--compression", r["compression"]] if r["compression"] != "none" else []
     words += ["--accum", str(r["accum"])] if r["accum"] > 1 else []
@@ -846,12 +848,21 @@ def network_checks(net):
         )
         ok = r["hidden_pct"] >= NET_HIDDEN_MIN
         check(f"overlap {r['rate']}", what, f">= {NET_HIDDEN_MIN:.0f}%", "0%", ok, text)
+    fit, ran = net["fit"], [r for r in net["runs"] if r.get("model_error_pct") is not None]
+    if fit:  # out of sample, where overlap can matter (FSDP's and one bucket's model hide nothing)
+        under = [r for r in ran if r["comm_per_backward"] < 1 and not r["onebucket"]]
+        under = [r for r in under if MODELED[r["backend"]] == "ddp"]
+        ok, text = None, "no row's communication shorter than its backward pass"
+        if under:
+            errors = ("model_error_pct", "no_overlap_error_pct")
+            model, none = (statistics.mean(abs(r[e]) for r in under) for e in errors)
+            ok = model < none
+            text = f"{len(under)} rows: model {model:.1f}%, no overlap {none:.1f}%"
+        what = f"fitted at {fit['size']} px, {fit['rate']}: mean |error| where comm < backward"
+        check("out of sample", what, "model < no overlap", "", ok, text)
     for strategy, bar in NET_MODEL_ERR.items():
-        errs = [
-            (abs(r["model_error_pct"]), f"{r['row']} @ {r['rate']}")
-            for r in net["runs"]
-            if MODELED.get(r["backend"]) == strategy and r.get("model_error_pct") is not None
-        ]
+        errs = [(abs(r["model_error_pct"]), f"{r['row']} @ {r['rate']}") for r in ran]
+        errs = [e for e, r in zip(errs, ran, strict=True) if MODELED[r["backend"]] == strategy]
         what = f"tools/scaling_model.py's images/s against the measured, every {strategy} run"
         ok, text = None, "not measured"
         if errs:
@@ -862,40 +873,23 @@ def network_checks(net):
 
 
 def network_link_lines(net):
-    """The all-reduce at each rate and host count, then FSDP's collectives where they ran."""
+    """Each collective at each rate and host count: the all-reduce, and FSDP's where they ran."""
     lines = [
-        "| link | hosts | time at 4 KiB (ms) | busbw at 16 MiB (Gbit/s) | fit alpha (ms) | "
-        "fit busbw (Gbit/s) | sent / size |",
-        "|---|--:|--:|--:|--:|--:|--:|",
+        "| link | collective | hosts | time at 4 KiB (ms) | busbw at the largest (Gbit/s) | "
+        "fit alpha (ms) | fit busbw (Gbit/s) | sent / size |",
+        "|---|---|--:|--:|--:|--:|--:|--:|",
     ]
-    fsdp = []
     for rate in net["rates"]:
-        link = net["links"].get(rate)
-        if not link:
-            lines.append(f"| {rate} | not measured | | | | | |")
-        for b in link["benches"] if link else []:
-            rows, fit = b["ops"]["all_reduce"]["rows"], b["ops"]["all_reduce"]["fit"]
-            cells = [rate, b["world_size"], f"{rows[0]['time_s'] * 1e3:.2f}"]
+        benches = net["links"].get(rate, {}).get("benches", [])
+        lines += [] if benches else [f"| {rate} | not measured | | | | | | |"]
+        for n, (op, o) in ((b["world_size"], x) for b in benches for x in b["ops"].items()):
+            rows, fit = o["rows"], o["fit"]
+            cells = [rate, op, n, f"{rows[0]['time_s'] * 1e3:.2f}"]
             cells += [f"{rows[-1]['busbw_Bps'] * 8 / 1e9:.3f}", f"{fit['alpha_s'] * 1e3:.2f}"]
-            cells += [f"{fit['busbw_Bps'] * 8 / 1e9:.3f}", f"{sent_per_byte(rows):.2f}"]
+            sent = rows[-1]["sent_bytes"] / rows[-1]["bytes"]  # per byte, at the largest size
+            cells += [f"{fit['busbw_Bps'] * 8 / 1e9:.3f}", f"{sent:.2f}"]
             lines.append(md_row(cells))
-            for op in ("all_gather", "reduce_scatter"):
-                if op in b["ops"]:
-                    fit, rows = b["ops"][op]["fit"], b["ops"][op]["rows"]
-                    cells = [rate, op, b["world_size"], f"{fit['busbw_Bps'] * 8 / 1e9:.3f}"]
-                    cells += [f"{fit['alpha_s'] * 1e3:.2f}", f"{sent_per_byte(rows):.2f}"]
-                    fsdp.append(md_row(cells))
-    lines += [
-        "",
-        "| link | collective | hosts | fit busbw (Gbit/s) | fit alpha (ms) | sent / size |",
-        "|---|---|--:|--:|--:|--:|",
-    ]
-    return lines + (fsdp or ["| not measured | | | | | |"])
-
-
-def sent_per_byte(rows):
-    """The bytes a process sent per byte of the largest size the collective was timed at."""
-    return rows[-1]["sent_bytes"] / rows[-1]["bytes"]
+    return lines
 
 
 def write_network_md(net, checks, info, args, path):
@@ -960,13 +954,23 @@ def network_model_lines(net):
         return lines + [
             "No prediction: no modeled row ran, or the profile or the link measurement is missing."
         ]
-    ks = [r["calibration"] for r in modeled]
-    lines += [
+    ks, fit = [r["calibration"] for r in modeled], net["fit"]
+    how = (
         f"The profiles' times scaled to each row's one-host step by {min(ks):.2f} to "
         f"{max(ks):.2f}, the link as measured in this run: the model reconstructs these runs from "
-        "their own measurements, it does not predict others. Each prediction's command, below, "
-        "prints the times it used. No overlap: the one-host step plus the same communication, "
-        "nothing hidden (for FSDP and a one-bucket row the model is that).",
+        "their own measurements, it does not predict others."
+    )
+    if fit:
+        how = (
+            f"Out of sample, fitted on {as_typed(fit['folder'])} ({fit['size']} px, {fit['rate']}) "
+            f"and not on this run: a row's one-host step is its profile's x k = {fit['step']:.4g} "
+            f"s / {fit['own'] * 1e3:.1f} ms = {fit['step'] / fit['own']:.3f} (that run's over its "
+            f"profile's), its link that run's, bus bandwidths x the row's rate / {fit['rate']}."
+        )
+    lines += [
+        f"{how} Each prediction's command, below, prints the times it used. No overlap: the "
+        "one-host step plus the same communication, nothing hidden (for FSDP and a one-bucket row "
+        "the model is that).",
         "",
         "| row | link | hosts | measured images/s | model | error | no overlap | error | "
         "comm / compute | comm / backward |",

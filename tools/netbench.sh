@@ -3,7 +3,7 @@
 # namespace) whose eth0 is shaped with tc to the rate under test; network_benchmark lists the steps.
 #
 # Uses from start.sh: PROG ROOT PYTHON TORCHRUN RESULTS ARCH IMAGE_SIZE BATCH WORKERS PRINT_FREQ CORES
-# CMDLINE FAILED IS_TTY, die, progress_text, record (to MANIFEST), and NHOSTS LINKS ROWS STEPS set by its options.
+# CMDLINE FAILED IS_TTY, die, progress_text, record (to MANIFEST), NHOSTS LINKS ROWS STEPS set by its options, NET_FIT.
 
 NET_PREFIX=${HOSTS_PREFIX:-nb}      # our own set of hosts, apart from the tests' node0, node1, ...
 NET_NET=${HOSTS_NET:-10.213.9}
@@ -19,7 +19,7 @@ host() { echo "$NET_PREFIX$1"; }
 # ---- rows: BACKEND[+TAG...], the tags as docs/benchmark.md lists them ----
 # Sets R_BACKEND, R_SCRIPT, R_K, R_SIZE, R_HOSTS, R_WRAP and R_ARGS (arrays).
 parse_row() {
-    local row=$1 tag
+    local row=$1 tag one=0 timed=0
     local -a parts
     IFS=+ read -r -a parts <<<"$row"
     R_BACKEND=${parts[0]:-}
@@ -41,18 +41,20 @@ parse_row() {
             [1-9]*hosts)
                 R_HOSTS=${tag%hosts}
                 [[ $R_HOSTS =~ ^[0-9]+$ ]] && ((R_HOSTS >= 2 && R_HOSTS <= 16)) || die "row '$row': '$tag' wants 2 to 16 hosts" ;;
-            onebucket)
-                [[ $R_BACKEND == distributed || $R_BACKEND == apex ]] || die "row '$row': onebucket is for torchrun's DDP rows"
-                R_WRAP=(tools/scaling_model.py one-bucket) ;;
+            onebucket | timeline)
+                [[ $R_BACKEND == distributed || $R_BACKEND == apex ]] || die "row '$row': $tag is for torchrun's DDP rows"
+                [[ $tag == onebucket ]] && one=1 || timed=1 ;;
             -*) R_ARGS+=("$tag") ;;
-            *) die "row '$row': unknown tag '$tag' (bf16, fp16, accumK, SIZEpx, Mhosts, onebucket, or a script option such as +--amp=bf16)" ;;
+            *) die "row '$row': unknown tag '$tag' (bf16, fp16, accumK, SIZEpx, Mhosts, onebucket, timeline, or a script option such as +--amp=bf16)" ;;
         esac
     done
+    ((timed)) && R_WRAP=(tools/scaling_model.py timeline) && ((one)) && R_WRAP+=(--one-bucket)
+    ((one && !timed)) && R_WRAP=(tools/scaling_model.py one-bucket)
     [[ $R_SIZE =~ ^[0-9]+$ ]] || die "row '$row': '${R_SIZE}px' is not SIZEpx"
 }
 
 # The one-process run a row is compared with: the same script and tags but those of the hosts (Mhosts,
-# onebucket), except that mp.spawn's, which runs distributed.py's DDP step, and FSDP's, which in one
+# onebucket, timeline), except that mp.spawn's, which runs distributed.py's DDP step, and FSDP's, which in one
 # process shards nothing, are distributed.py's.
 ref_of() {
     local backend=${1%%+*} tag ref
@@ -60,7 +62,7 @@ ref_of() {
     IFS=+ read -r -a parts <<<"$1"
     [[ $backend == apex ]] && ref=apex || ref=distributed
     for tag in "${parts[@]:1}"; do
-        [[ $tag == onebucket || $tag == *hosts ]] || ref+=+$tag
+        [[ $tag == onebucket || $tag == timeline || $tag == *hosts ]] || ref+=+$tag
     done
     echo "$ref"
 }
@@ -291,6 +293,6 @@ network_benchmark() {
         --arch "$ARCH" --image-size "$IMAGE_SIZE" --hosts "$NHOSTS" --batch "$BATCH" \
         --command "${START_COMMAND:-$CMDLINE}" --title "$NHOSTS test hosts over shaped links, CPU ($CORES cores)" \
         --load-before "$LOAD_BEFORE" --load-after "$LOAD_AFTER" ${LOADER_IPS:+--loader-ips "$LOADER_IPS"} \
-        ${WORKERS:+--workers "$WORKERS"}
+        ${WORKERS:+--workers "$WORKERS"} ${NET_FIT:+--fit "$NET_FIT"}
     exit "$FAILED"
 }

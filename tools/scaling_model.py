@@ -7,29 +7,23 @@ process's compute and a link. docs/scaling.md describes the model and checks it 
     python tools/scaling_model.py predict --profile prof.json --allreduce ar2.json,ar4.json \\
         --nodes 2,4
     python tools/scaling_model.py predict --profile prof.json --link 1gbit --compression bf16
-    # a GPU this project has not measured: docs/scaling.md's commands, from a published rate
 """
 
 import argparse
 import itertools
 import json
+import math
 import os
 import re
 import statistics
 import sys
 import time
 
-from allreduce_bench import OPS, bus_factor, line
+from allreduce_bench import OPS, PROG, bus_factor, fail, line
 
-PROG = os.path.basename(sys.argv[0])
 MiB = 2**20
 FIRST_BUCKET, BUCKET = 1 * MiB, 25 * MiB  # DDP's defaults: _DEFAULT_FIRST_BUCKET_BYTES, 25 MiB
 SQUEEZE = {"bf16": 0.5, "fp16": 0.5}  # --compression: the bytes sent per fp32 byte
-
-
-def fail(message):
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
 
 
 # ---- what one process computes ----
@@ -70,20 +64,6 @@ def fsdp_groups(model):
 
     shard(model)
     return groups
-
-
-def make_profile(source, times, params, buckets, model, **fields):
-    return dict(
-        source=source,
-        forward_s=times[0],
-        backward_s=times[1],
-        optimizer_s=times[2],
-        param_bytes=sum(p["bytes"] for p in params),
-        buckets=[bucket(params, b) for b in buckets],
-        params=params,
-        fsdp_groups=fsdp_groups(model),
-        **fields,
-    )
 
 
 def bucket(params, indices):  # ready when its last gradient is
@@ -133,7 +113,8 @@ def measure_profile(arch, image_size, batch, num_classes, threads, steps=5, warm
             if step >= warmup:
                 ready_s = [ready[i] - t1 for i in range(len(params))]
                 times.append((t1 - t0, t2 - t1, time.perf_counter() - t2, ready_s))
-        logged = ddp._get_ddp_logging_data()
+        # DDP's buckets after its rebuild, as parameter indices (the tests hold ddp_buckets to them)
+        logged = ddp._get_ddp_logging_data()["rebuilt_per_bucket_param_indices"]
         # the cost of --compression: the gradients cast to bf16 and back, per fp32 byte
         grads = torch.cat([p.detach().reshape(-1) for p in params])
         casts = []
@@ -149,17 +130,20 @@ def measure_profile(arch, image_size, batch, num_classes, threads, steps=5, warm
         dict(bytes=p.numel() * p.element_size(), ready_s=median(r[i] for r in ready_at))
         for i, p in enumerate(params)
     ]
-    # DDP's own buckets after its rebuild, as parameter indices (the tests hold ddp_buckets to them)
-    logged = logged["rebuilt_per_bucket_param_indices"]
-    setting = dict(arch=arch, image_size=image_size, batch=batch, num_classes=num_classes)
-    return make_profile(
-        f"measured: {arch} at {image_size} px, batch {batch}, {threads} thread(s), DDP in a world "
-        f"of one, median of {steps} steps after {warmup}",
-        (median(fwd), median(bwd), median(opt_s)),
-        grads,
-        [[int(i) for i in b.split()] for b in logged.split(",")],
-        model,
-        **setting,
+    return dict(
+        source=f"measured: {arch} at {image_size} px, batch {batch}, {threads} thread(s), DDP in "
+        f"a world of one, median of {steps} steps after {warmup}",
+        forward_s=median(fwd),
+        backward_s=median(bwd),
+        optimizer_s=median(opt_s),
+        param_bytes=sum(g["bytes"] for g in grads),
+        buckets=[bucket(grads, [int(i) for i in b.split()]) for b in logged.split(",")],
+        params=grads,
+        fsdp_groups=fsdp_groups(model),
+        arch=arch,
+        image_size=image_size,
+        batch=batch,
+        num_classes=num_classes,
         threads=threads,
         compress_s_per_byte=min(casts) / sum(g["bytes"] for g in grads),
     )
@@ -171,75 +155,10 @@ def main_and_aux(output):
     return [o for o in output if o is not None] if isinstance(output, tuple) else [output]
 
 
-def given_profile(arch, image_size, batch, num_classes, images_per_s):
-    """A profile from a published rate, the step split by FLOPs (on the meta device): a module's
-    share of the backward is its own forward FLOPs', the modules done in reverse order of first
-    call, and a parameter is ready when its owner (or the owner's caller) is done."""
-    import torch
-    import torchvision
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with torch.device("meta"):
-        model = torchvision.models.get_model(arch, num_classes=num_classes)
-        x = torch.randn(2, 3, image_size, image_size)  # 2: batch norm needs 2 values a channel
-    model.train()
-    names = {m: name for name, m in model.named_modules()}
-    order = []
-    for m in names:
-        m.register_forward_pre_hook(lambda m, _: order.append(names[m]))
-    with FlopCounterMode(display=False) as counter:
-        outs = main_and_aux(model(x))
-        fwd_flops = counter.get_total_flops()
-        counts = counter.get_flop_counts()  # of the forward, by module, its children included
-        sum(o.sum() for o in outs).backward()
-    bwd_flops = counter.get_total_flops() - fwd_flops
-
-    def flops(name):
-        return sum(counts.get(".".join([type(model).__name__, name]).rstrip("."), {}).values())
-
-    # A module's backward costs about twice its forward (the gradients of its input and of its
-    # weights). The counter's own split of the backward by module is not used: it can count an op
-    # in two modules.
-    own = {}
-    for name, m in model.named_modules():
-        own[name] = 2 * (flops(name) - sum(flops(names[c]) for c in m.children()))
-    step_s = batch / images_per_s
-    backward_s = step_s * bwd_flops / (fwd_flops + bwd_flops)
-    done, ready_of = 0, {}
-    for name in reversed(list(dict.fromkeys(order))):
-        done += own[name]
-        ready_of[name] = backward_s * done / sum(own.values())
-
-    def ready(name):  # of the parameter `name`
-        owner = name.rpartition(".")[0]
-        while owner not in ready_of:
-            owner = owner.rpartition(".")[0]
-        return ready_of[owner]
-
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    # fp32 parameters, so fp32 gradients (mixed precision too)
-    grads = [dict(bytes=4 * p.numel(), ready_s=ready(n)) for n, p in named]
-    # DDP's order before its rebuild, the parameters reversed, is what the rebuild finds here
-    rev = list(range(len(grads)))[::-1]
-    setting = dict(arch=arch, image_size=image_size, batch=batch, num_classes=num_classes)
-    return make_profile(
-        f"given: {images_per_s:g} images/s per GPU at batch {batch} (published figure); forward "
-        "and backward split by FLOPs, per module in proportion to FLOPs",
-        (step_s - backward_s, backward_s, 0.0),  # the optimizer is in the forward's share
-        grads,
-        [[rev[j] for j in b] for b in ddp_buckets([grads[i]["bytes"] for i in rev])],
-        model,
-        **setting,
-        threads=None,
-        compress_s_per_byte=0.0,
-    )
-
-
 def calibrated(profile, alone_s, accum=1, data_s=0.0):
     """The profile with its times scaled so that one process's step alone takes alone_s, measured:
     the profile gives the split, the measurement the speed on the day, loader included."""
-    own = accum * (data_s + profile["forward_s"] + profile["backward_s"]) + profile["optimizer_s"]
-    k = alone_s / own
+    k = alone_s / own_step(profile, accum, data_s)
 
     def scaled(items):
         return [dict(item, ready_s=k * item["ready_s"]) for item in items]
@@ -254,6 +173,11 @@ def calibrated(profile, alone_s, accum=1, data_s=0.0):
         params=scaled(profile["params"]),
         calibration=k,
     )
+
+
+def own_step(profile, accum=1, data_s=0.0):
+    """A profile's optimizer step of one process alone."""
+    return accum * (data_s + profile["forward_s"] + profile["backward_s"]) + profile["optimizer_s"]
 
 
 def rebucket(profile, cap_mb):
@@ -283,18 +207,9 @@ def ring_steps(op, n):
     return (2 if op == "all_reduce" else 1) * (n - 1)
 
 
-def hop_latency(points):
-    """A ring step's latency from (steps, alpha) pairs: the least-squares slope (not below 0), or
-    alpha / steps from one pair."""
-    if len({x for x, _ in points}) < 2:
-        return points[0][1] / points[0][0]
-    return max(0.0, line(points)[0])
-
-
 class Link:
-    """A node's link: ops {collective: (base seconds, busbw bytes/s)}, hop_s a ring step's latency,
-    intra_busbw bytes/s within a node; fewest: the fewest processes it was measured across, if it
-    was (its latency at fewer is not known: extrapolated down, it can fall below zero)."""
+    """A node's link: ops {collective: (base s, busbw bytes/s)}, hop_s a ring step's latency,
+    intra_busbw within a node; fewest: the fewest processes measured (fewer: latency unknown)."""
 
     def __init__(self, name, ops, hop_s=0.0, intra_busbw=None, fewest=None):
         self.name, self.ops, self.hop_s, self.intra_busbw = name, ops, hop_s, intra_busbw
@@ -323,7 +238,9 @@ class Link:
             row = benches[n]["ops"]["all_reduce"]["rows"][0]
             return row["time_s"] - row["bytes"] * bus_factor("all_reduce", n) / busbw
 
-        hop = hop_latency([(ring_steps("all_reduce", n), latency(n)) for n in sorted(benches)])
+        # a ring step's latency: least-squares slope (at least 0), or latency / steps from one count
+        points = [(ring_steps("all_reduce", n), latency(n)) for n in sorted(benches)]
+        hop = max(0.0, line(points)[0]) if len(points) > 1 else points[0][1] / points[0][0]
         fewest = first["world_size"]
         ops = {
             op: (r["fit"]["alpha_s"] - ring_steps(op, fewest) * hop, r["fit"]["busbw_Bps"])
@@ -334,6 +251,12 @@ class Link:
             f"processes, busbw {busbw * 8 / 1e9:.3f} Gbit/s, hop {hop * 1e3:.2f} ms"
         )
         return cls(name, ops, hop, intra_busbw, fewest)
+
+    def scaled(self, rate, factor):
+        """This link at another rate: its bus bandwidths x factor, its latencies as they are."""
+        ops = {op: (base, busbw * factor) for op, (base, busbw) in self.ops.items()}
+        name = f"{rate}: {self.name}, busbw x {factor:.4g}"
+        return Link(name, ops, self.hop_s, self.intra_busbw, self.fewest)
 
     def time(self, op, nbytes, nodes, per_node):
         n = nodes * per_node
@@ -383,7 +306,7 @@ def fsdp_step_time(profile, link, nodes, per_node, compression="none", accum=1, 
     gather = [link.time("all_gather", b, nodes, per_node) for b in groups]
     scatter = [link.time("reduce_scatter", b * squeeze, nodes, per_node) for b in groups]
     comm = accum * (2 * sum(gather) - gather[-1]) + sum(scatter)  # the root's gathered once
-    alone = accum * (data_s + profile["forward_s"] + profile["backward_s"]) + profile["optimizer_s"]
+    alone = own_step(profile, accum, data_s)
     return result(profile, alone, alone + comm, comm, accum * nodes * per_node)
 
 
@@ -439,46 +362,139 @@ def cmd_profile(args):
     )
 
 
-def cmd_one_bucket(args):
-    """Runs a script with all DDP's gradients in one bucket: the no-overlap baseline of a row."""
+def cmd_run(args):
+    """one-bucket and timeline: runs a script with its DDP changed (the scripts look
+    DistributedDataParallel up when they wrap their model)."""
     import runpy
 
     from torch import nn
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    class OneBucket(nn.parallel.DistributedDataParallel):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs, bucket_cap_mb=2**20)  # 1 TiB: any model fits
+    timelines = []
 
-    nn.parallel.DistributedDataParallel = OneBucket  # the scripts look it up when they wrap
-    sys.argv = [args.script, *args.args]
-    runpy.run_path(args.script, run_name="__main__")
+    class DDP(nn.parallel.DistributedDataParallel):
+        def __init__(self, *a, **kw):
+            if args.one_bucket:
+                kw["bucket_cap_mb"] = 2**20  # 1 TiB: any model fits
+            super().__init__(*a, **kw)
+            if args.command == "timeline":  # DDP's default hook, timed, unless the script has one
+                timelines.append(Timeline(self, allreduce_hook))
+                super().register_comm_hook(None, timelines[-1].run)
 
+        def register_comm_hook(self, state, hook):  # the script's own (--grad-compression)
+            if args.command != "timeline":
+                return super().register_comm_hook(state, hook)
+            timelines[-1].state, timelines[-1].hook = state, hook
 
-def load_profile(args):
-    if args.profile:
-        try:
-            with open(args.profile) as f:
-                profile = json.load(f)
-            profile["forward_s"], profile["buckets"]  # noqa: B018  (a profile has these)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            kind = type(e).__name__
-            fail(f"--profile {args.profile}: not a profile of `{PROG} profile` ({kind}: {e})")
-        return profile
-    if not args.images_per_s:
-        fail("give the compute: --profile JSON (measured) or -a ARCH --images-per-s N --batch B")
-    if args.images_per_s <= 0 or args.batch < 1:
-        fail("--images-per-s must be positive and --batch at least 1")
+    nn.parallel.DistributedDataParallel = DDP
+    sys.argv, words = [args.script, *args.args], args.args
+    out = args.out or (words[words.index("--output-dir") + 1] if "--output-dir" in words else ".")
     try:
-        return given_profile(
-            args.arch, args.image_size, args.batch, args.num_classes, args.images_per_s
-        )
-    except Exception as e:  # an unknown model, an image too small for it
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        fail(f"cannot count {args.arch} at {args.image_size} px: {first}")
+        runpy.run_path(args.script, run_name="__main__")
+    finally:
+        for timeline in timelines:
+            timeline.write(out, args.warmup)
+
+
+class Timeline:
+    """A DDP model's backward passes, each timed from its start (the gradient of the model's output
+    computed): when each parameter's gradient was accumulated, and for each bucket when DDP called
+    its comm hook (its gradients ready and the buckets before it launched), when the hook had
+    launched the collective and when that was done."""
+
+    def __init__(self, model, hook):
+        import torch.distributed as dist
+
+        self.rank, self.world, self.steps = dist.get_rank(), dist.get_world_size(), []
+        self.state, self.hook = None, hook
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.index = {id(p): i for i, p in enumerate(params)}
+        for i, p in enumerate(params):
+            p.register_post_accumulate_grad_hook(lambda _, i=i: self.grad_ready(i))
+        model.register_forward_hook(lambda _, __, output: self.watch(output))
+
+    def watch(self, output):
+        first, step = main_and_aux(output)[0], dict(grads=[None] * len(self.index), buckets=[])
+        if first.requires_grad:  # a training step's output: its backward starts a step
+            first.register_hook(lambda _: self.steps.append(dict(step, start=time.perf_counter())))
+
+    def since(self):  # since the backward started (DDP's backward waits for its collectives)
+        return time.perf_counter() - self.steps[-1]["start"]
+
+    def grad_ready(self, i):
+        if self.steps:
+            self.steps[-1]["grads"][i] = self.since()
+
+    def run(self, state, bucket):  # the comm hook: the script's, timed
+        buffer, params = bucket.buffer(), [self.index[id(p)] for p in bucket.parameters()]
+        entry = dict(bytes=buffer.numel() * buffer.element_size(), params=params, hook=self.since())
+        future = self.hook(self.state, bucket)
+        entry["launch"] = self.since()
+        self.steps[-1]["buckets"].append(entry)
+
+        def done(f):
+            entry["done"] = self.since()
+            return f.value()
+
+        return future.then(done)
+
+    def write(self, folder, warmup):
+        path = os.path.join(folder, f"timeline-rank{self.rank}")
+        data = dict(rank=self.rank, world_size=self.world, steps=self.steps)
+        os.makedirs(folder, exist_ok=True)
+        with open(path + ".json", "w") as f:
+            f.write(json.dumps(data) + "\n")
+        text = "\n".join(timeline_summary(data, warmup)) + "\n"
+        with open(path + ".md", "w") as f:
+            f.write(text)
+        print(text + f"{PROG}: wrote {path}.json, .md", flush=True)
+
+
+def timeline_summary(timeline, warmup=2):
+    """Medians over a timeline's steps after `warmup`, in ms since the backward started: per bucket,
+    when its last gradient was ready, its hook called, its collective launched and done; then the
+    communication and the part of it after the backward's last gradient, which nothing hid."""
+    steps = [s for s in timeline["steps"] if s["buckets"]][warmup:]
+    head = f"rank {timeline['rank']} of {timeline['world_size']}"
+    if not steps:
+        return [f"{head}: no step with an all-reduce after {warmup} warm-up steps"]
+    steps = [s for s in steps if len(s["buckets"]) == len(steps[-1]["buckets"])]  # DDP's rebuilt
+
+    def ms(value):  # the median over the steps of value(step), in ms
+        return f"{1e3 * statistics.median(value(s) for s in steps):.1f}"
+
+    def end(s):  # the backward's last gradient
+        return max(t for t in s["grads"] if t is not None)
+
+    def comm(s, since=-math.inf):  # the collectives' spans after `since`, an overlap counted once
+        total, reached = 0.0, since
+        for start, done in sorted((b["launch"], b["done"]) for b in s["buckets"]):
+            total, reached = total + max(0.0, done - max(start, reached)), max(reached, done)
+        return total
+
+    lines = [
+        f"{head}, {len(steps)} steps after {warmup}; medians, ms since the backward started:",
+        "",
+        "| bucket | MB | gradients | last gradient ready | hook called | launched | done | "
+        "launched to done |",
+        "|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for i, b in enumerate(steps[-1]["buckets"]):
+        cells = [i, f"{b['bytes'] / 1e6:.2f}", len(b["params"])]
+        cells.append(ms(lambda s, i=i: max(s["grads"][p] for p in s["buckets"][i]["params"])))
+        cells += [ms(lambda s, i=i, k=k: s["buckets"][i][k]) for k in ("hook", "launch", "done")]
+        cells.append(ms(lambda s, i=i: s["buckets"][i]["done"] - s["buckets"][i]["launch"]))
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    last = ms(lambda s: max(b["done"] for b in s["buckets"]))
+    return lines + [
+        "",
+        f"The backward's last gradient at {ms(end)} ms, the last all-reduce done at {last} ms; "
+        f"communication {ms(comm)} ms, {ms(lambda s: comm(s, end(s)))} ms of it after the last "
+        "gradient (not hidden).",
+    ]
 
 
 def cmd_predict(args):
-    # the cheap checks first: a given profile takes seconds to count
     if args.accum < 1 or args.gpus_per_node < 1 or min(args.nodes) < 1:
         fail("--accum, --gpus-per-node and --nodes must be at least 1")
     if args.latency_us < 0 or args.link_efficiency > 1:
@@ -486,13 +502,22 @@ def cmd_predict(args):
     intra = args.intra_busbw * 1e9 if args.intra_busbw else None
     try:
         links = [Link.measured(paths.split(","), intra) for paths in args.allreduce or []]
-        hop = args.latency_us * 1e-6
-        links += [Link.rate(r, args.link_efficiency, hop, intra) for r in args.link or []]
+        hop, at = args.latency_us * 1e-6, args.measured_at and parse_rate(args.measured_at)
+        if at:  # the measured links taken to each --link rate: out of sample (docs/scaling.md)
+            links = [m.scaled(r, parse_rate(r) / at) for m in links for r in args.link or []]
+        else:
+            links += [Link.rate(r, args.link_efficiency, hop, intra) for r in args.link or []]
     except (OSError, ValueError, KeyError) as e:
         fail(str(e))
     if not links:
         fail("give the link: --allreduce BENCH.json (tools/allreduce_bench.py) or --link RATE")
-    profile = load_profile(args)
+    try:
+        with open(args.profile) as f:
+            profile = json.load(f)
+        profile["forward_s"], profile["buckets"]  # noqa: B018  (a profile has these)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        kind = type(e).__name__
+        fail(f"--profile {args.profile}: not a profile of `{PROG} profile` ({kind}: {e})")
     data_s = profile["batch"] / args.loader_ips if args.loader_ips else 0.0
     if args.alone_step:
         profile, data_s = calibrated(profile, args.alone_step, args.accum, data_s), 0.0
@@ -578,21 +603,23 @@ def main():
     pr.set_defaults(func=cmd_profile)
 
     ob = sub.add_parser("one-bucket", help="run a script with DDP's gradients in one bucket")
-    ob.add_argument("script")
-    ob.add_argument("args", nargs=argparse.REMAINDER)
-    ob.set_defaults(func=cmd_one_bucket)
+    ob.set_defaults(one_bucket=True, out=None, warmup=0)
+    tl = sub.add_parser("timeline", help="run a script, timing DDP's buckets and its backward")
+    tl.add_argument("--one-bucket", action="store_true", help="with DDP's gradients in one bucket")
+    tl.add_argument("--out", metavar="DIR", help="default: the script's --output-dir DIR, else .")
+    tl.add_argument("--warmup", type=int, default=2, help="steps the summary leaves out (2)")
+    for run in (ob, tl):
+        run.add_argument("script")
+        run.add_argument("args", nargs=argparse.REMAINDER)
+        run.set_defaults(func=cmd_run)
 
     pd = sub.add_parser("predict", help="step time, images/s and efficiency")
     add = pd.add_argument
-    add("--profile", metavar="JSON", help="the compute, measured by `profile`")
-    add("-a", "--arch", default="resnet50", help="given: the model (resnet50)")
-    add("--images-per-s", type=float, help="given: one GPU's training images/s")
-    add("--batch", type=int, default=256, help="given: images per GPU a step (256)")
-    add("--image-size", type=int, default=224, help="given: image size (224)")
-    add("--num-classes", type=int, default=1000, help="given: classes (1000)")
+    add("--profile", metavar="JSON", required=True, help="the compute, measured by `profile`")
     add("--allreduce", action="append", metavar="JSON,...", help="a link allreduce_bench measured")
     add("--link", type=comma_list(str, "--link"), help="rates, e.g. 25gbit,100gbit")
     add("--link-efficiency", type=positive, default=1.0, help="with --link: busbw / rate (1)")
+    add("--measured-at", metavar="RATE", help="--allreduce's rate: its busbw scaled to --link's")
     add("--latency-us", type=float, default=0.0, help="with --link: a ring step's latency (0)")
     add("--intra-busbw", type=positive, metavar="GB/s", help="busbw within a node")
     add("--nodes", type=comma_list(int, "--nodes"), default=[2])
