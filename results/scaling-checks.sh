@@ -11,8 +11,8 @@
 # 3. timeline: 224 px at 300 Mbit/s and 1 Gbit/s (two points: one to fit a term on, one to check
 #    it), the DDP row and its one-bucket twin, each plain and timed (tools/scaling_model.py
 #    timeline), the ranks' summaries gathered in timelines.md
-# Each report records its own command, wall time and load. Estimated 14 minutes on an idle 2-core
-# machine (from the 562 s of results/benchmark-network.md and its rows' images/s; not measured).
+# Each report records its own command, wall time and load. 20 minutes on this project's 2-core
+# machine (measured: 19 min 59 s for the committed results/scaling/).
 # STEPS, TEST_SIZE, TIMELINE_SIZE and start.sh's ARCH, IMAGE_SIZE make a shorter run of it.
 set -euo pipefail
 shopt -s nullglob  # a timeline that did not run: no file to gather
